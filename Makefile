@@ -1,0 +1,71 @@
+# scalelab — `make help` lists every target.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# CPU-only machines get the CPU build of torch; set TORCH_SPEC to override (e.g. TORCH_SPEC=torch).
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	@# Install torch first, pinned, so pip never pulls a multi-GB CUDA build on a CPU-only machine.
+	$(PIP) install -q $(TORCH_SPEC)
+	$(PIP) install -q -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install scalelab with its dev extra
+
+test: $(STAMP) ## Run the fast tests
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMP) ## Run every test, slow ones included (what CI runs)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff check
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+
+format: $(STAMP) ## ruff format + autofix
+	$(VENV)/bin/ruff check --fix src tests benchmarks scripts
+	$(VENV)/bin/ruff format src tests benchmarks scripts
+
+model-summary: $(STAMP) ## Print params/FLOPs per component (ARGS="--preset gpt2")
+	$(PY) -m scalelab.model $(ARGS)
+
+data: $(STAMP) ## Prepare token shards for the default dataset (ARGS="data=shakespeare_char")
+	$(VENV)/bin/scalelab-data $(ARGS)
+
+train: $(STAMP) ## Train the default experiment on the embedded defaults (ARGS="key=value ...")
+	$(VENV)/bin/scalelab-train $(ARGS)
+
+ui: $(STAMP) ## Start the MLflow UI on 127.0.0.1 over the project store
+	$(PY) -m scalelab.tracking.ui $(ARGS)
+
+sweep-plan: $(STAMP) ## Print the scaling-sweep plan without running it
+	$(VENV)/bin/scalelab-sweep --plan-only $(ARGS)
+
+sweep: $(STAMP) ## Plan, run, fit and report a scaling-law sweep (default sweep=cpu_small)
+	$(VENV)/bin/scalelab-sweep $(ARGS)
+
+fit: $(STAMP) ## Refit scaling laws from a sweep's MLflow runs or a CSV (ARGS="--csv file.csv")
+	$(VENV)/bin/scalelab-fit $(ARGS)
+
+bench: $(STAMP) ## Run the benchmarks (throughput ratios, measured in one run)
+	$(PY) -m benchmarks $(ARGS)
+
+gpu-check: $(STAMP) ## On a GPU machine: real 1-GPU FSDP train + checkpoint round trip (< 5 min)
+	$(PY) scripts/gpu_check.py $(ARGS)
+
+clean: ## Remove caches and outputs (keeps .venv and the MLflow store)
+	rm -rf .pytest_cache .ruff_cache outputs multirun
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+.PHONY: help install test test-all lint format model-summary data train ui sweep-plan sweep fit bench gpu-check clean
