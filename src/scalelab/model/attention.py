@@ -1,0 +1,101 @@
+"""Multi-head attention via F.scaled_dot_product_attention (self and cross, MHA/GQA/MQA).
+
+K and V have ``n_kv_heads`` heads. With fewer K/V heads than query heads (GQA, or MQA
+with 1), SDPA's ``enable_gqa`` lets each K/V head serve n_heads/n_kv_heads query heads;
+no weights are copied. Masks arrive precomputed in an AttnContext so attention has no
+knowledge of positions or architecture beyond "rotate q/k" and "add this mask".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .positions import Rotary, _identity
+
+
+@dataclass
+class AttnContext:
+    """What one attention call needs besides its input, built once per forward per stack."""
+
+    rotary: Rotary = _identity  # applied to q and the new k (RoPE); identity otherwise
+    # additive float mask broadcastable to [B, H, Tq, Tk]: 0 / bias where allowed, a very
+    # negative number where not (padding, future). None: no mask.
+    mask: Optional[torch.Tensor] = None  # noqa: UP045
+    is_causal: bool = False  # SDPA's fast causal path; only used when mask is None
+
+
+class KVCache:
+    """Keys and values of one attention layer: past positions (self) or the encoder (cross)."""
+
+    def __init__(self) -> None:
+        self.k: Optional[torch.Tensor] = None  # noqa: UP045  # [B, n_kv_heads, S, head_dim]
+        self.v: Optional[torch.Tensor] = None  # noqa: UP045
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        d, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(d, d, bias=cfg.bias)
+        self.k_proj = nn.Linear(d, kv, bias=cfg.bias)
+        self.v_proj = nn.Linear(d, kv, bias=cfg.bias)
+        self.o_proj = nn.Linear(d, d, bias=cfg.bias)
+        self.o_proj.residual_out = True  # type: ignore[assignment]  # scaled at init (GPT-2)
+        self.dropout = cfg.dropout
+
+    def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        b, s, _ = t.shape
+        return t.view(b, s, n, self.head_dim).transpose(1, 2)  # [B, n, S, hd]
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                ctx: AttnContext) -> torch.Tensor:
+        mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=ctx.is_causal and mask is None,
+            enable_gqa=self.n_kv_heads != self.n_heads)
+        b, _, t, _ = y.shape
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+
+class SelfAttention(_Attention):
+    """Causal (decoder) or bidirectional (encoder); which one is decided by ctx's mask."""
+
+    def forward(self, x: torch.Tensor, ctx: AttnContext,
+                cache: Optional[KVCache] = None) -> torch.Tensor:  # noqa: UP045
+        q = ctx.rotary(self._heads(self.q_proj(x), self.n_heads))
+        k = ctx.rotary(self._heads(self.k_proj(x), self.n_kv_heads))
+        v = self._heads(self.v_proj(x), self.n_kv_heads)
+        if cache is not None:  # append the new (already rotated) keys to the past ones
+            if cache.k is not None:
+                k = torch.cat([cache.k, k], dim=2)
+                v = torch.cat([cache.v, v], dim=2)
+            cache.k, cache.v = k, v
+        return self._attend(q, k, v, ctx)
+
+
+class CrossAttention(_Attention):
+    """Decoder queries attend to the encoder output ``memory`` (no positions applied)."""
+
+    def forward(self, x: torch.Tensor, ctx: AttnContext, memory: torch.Tensor,
+                cache: Optional[KVCache] = None) -> torch.Tensor:  # noqa: UP045
+        q = self._heads(self.q_proj(x), self.n_heads)
+        if cache is not None and cache.k is not None:  # encoder K/V computed once per sequence
+            k, v = cache.k, cache.v
+        else:
+            k = self._heads(self.k_proj(memory), self.n_kv_heads)
+            v = self._heads(self.v_proj(memory), self.n_kv_heads)
+            if cache is not None:
+                cache.k, cache.v = k, v
+        return self._attend(q, k, v, ctx)

@@ -1,0 +1,97 @@
+"""Residual wrappers (pre-/post-LN, chosen by name) and the transformer blocks built from them."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from .attention import AttnContext, CrossAttention, KVCache, SelfAttention
+from .config import ModelConfig
+from .mlp import build_mlp
+from .norms import build_norm
+
+
+class PreNorm(nn.Module):
+    """x + dropout(F(norm(x))) (GPT-2, Llama): the residual stream is never normalized, so
+    gradients flow straight through; the stack then needs a final norm."""
+
+    def __init__(self, cfg: ModelConfig, fn: nn.Module) -> None:
+        super().__init__()
+        self.norm, self.fn, self.drop = build_norm(cfg), fn, nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        return x + self.drop(self.fn(self.norm(x), **kw))
+
+
+class PostNorm(nn.Module):
+    """norm(x + dropout(F(x))) (Vaswani et al. 2017, BERT): the output is already normalized."""
+
+    def __init__(self, cfg: ModelConfig, fn: nn.Module) -> None:
+        super().__init__()
+        self.norm, self.fn, self.drop = build_norm(cfg), fn, nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        return self.norm(x + self.drop(self.fn(x, **kw)))
+
+
+RESIDUALS: dict[str, type[nn.Module]] = {"pre": PreNorm, "post": PostNorm}
+
+
+class LayerCache:
+    """KV caches of one block: its self-attention and (decoder of enc-dec) cross-attention."""
+
+    def __init__(self) -> None:
+        self.self_attn = KVCache()
+        self.cross_attn = KVCache()
+
+
+class Block(nn.Module):
+    """Self-attention then MLP, each inside a residual wrapper (encoder / decoder-only block)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        wrap = RESIDUALS[cfg.norm_position]
+        self.self_attn = wrap(cfg, SelfAttention(cfg))
+        self.mlp = wrap(cfg, build_mlp(cfg))
+
+    def forward(self, x: torch.Tensor, ctx: AttnContext, cache: Optional[LayerCache] = None,  # noqa: UP045
+                memory: Optional[torch.Tensor] = None, cross_ctx: Optional[AttnContext] = None,  # noqa: UP045
+                ) -> torch.Tensor:
+        x = self.self_attn(x, ctx=ctx, cache=None if cache is None else cache.self_attn)
+        return self.mlp(x)
+
+
+class CrossBlock(Block):
+    """Decoder block of an encoder-decoder: self-attention, cross-attention, MLP."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.cross_attn = RESIDUALS[cfg.norm_position](cfg, CrossAttention(cfg))
+
+    def forward(self, x: torch.Tensor, ctx: AttnContext, cache: Optional[LayerCache] = None,  # noqa: UP045
+                memory: Optional[torch.Tensor] = None, cross_ctx: Optional[AttnContext] = None,  # noqa: UP045
+                ) -> torch.Tensor:
+        x = self.self_attn(x, ctx=ctx, cache=None if cache is None else cache.self_attn)
+        x = self.cross_attn(x, ctx=cross_ctx, memory=memory,
+                            cache=None if cache is None else cache.cross_attn)
+        return self.mlp(x)
+
+
+class Stack(nn.Module):
+    """n blocks plus an optional final norm (on by default for pre-LN)."""
+
+    def __init__(self, cfg: ModelConfig, n_layers: int, cross: bool) -> None:
+        super().__init__()
+        block = CrossBlock if cross else Block
+        self.blocks = nn.ModuleList([block(cfg) for _ in range(n_layers)])
+        self.final_norm = build_norm(cfg) if cfg.final_norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor, ctx: AttnContext,
+                caches: Optional[list[LayerCache]] = None,  # noqa: UP045
+                memory: Optional[torch.Tensor] = None,  # noqa: UP045
+                cross_ctx: Optional[AttnContext] = None) -> torch.Tensor:  # noqa: UP045
+        for i, block in enumerate(self.blocks):
+            x = block(x, ctx, None if caches is None else caches[i], memory, cross_ctx)
+        return self.final_norm(x)

@@ -1,0 +1,63 @@
+"""Position-wise feed-forward layers, chosen by name via MLPS (``mlp: gelu | relu | swiglu``).
+
+Every variant names its output projection ``down`` and marks it ``residual_out`` so the
+GPT-2 init can scale it by 1/sqrt(2 * n_layers_total).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+
+class _TwoLayerMLP(nn.Module):
+    """down(act(up(x))): d -> d_ff -> d (2017 paper, GPT-2, BERT)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        assert cfg.d_ff is not None
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.down.residual_out = True  # type: ignore[assignment]
+
+    def act(self, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+class GeluMLP(_TwoLayerMLP):
+    def act(self, h: torch.Tensor) -> torch.Tensor:
+        # tanh approximation, as in GPT-2 / BERT's original code
+        return F.gelu(h, approximate="tanh")
+
+
+class ReluMLP(_TwoLayerMLP):
+    def act(self, h: torch.Tensor) -> torch.Tensor:
+        return F.relu(h)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)) (Shazeer 2020; Llama). Three matrices, so d_ff ~ 8d/3."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        assert cfg.d_ff is not None
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.down.residual_out = True  # type: ignore[assignment]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+MLPS: dict[str, type[nn.Module]] = {"gelu": GeluMLP, "relu": ReluMLP, "swiglu": SwiGLU}
+
+
+def build_mlp(cfg: ModelConfig) -> nn.Module:
+    return MLPS[cfg.mlp](cfg)

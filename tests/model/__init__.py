@@ -1,0 +1,1 @@
+"""Model tests (a package, so test module names never clash with other areas)."""

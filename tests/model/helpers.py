@@ -1,0 +1,42 @@
+"""Shared helpers for the model tests: tiny configs so the suite runs in seconds on 2 CPU cores."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from scalelab.model import ModelConfig
+
+TINY: dict[str, Any] = dict(vocab_size=37, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
+
+
+def tiny(**overrides: Any) -> ModelConfig:
+    """A small ModelConfig; any field can be overridden."""
+    return ModelConfig(**{**TINY, **overrides})
+
+
+def ref_attention(attn: torch.nn.Module, x: torch.Tensor, memory: torch.Tensor | None = None,
+                  causal: bool = False, key_keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention written out by hand from a module's weights: softmax(q k^T / sqrt(hd)) v.
+
+    K/V heads are repeated for GQA (query head h uses K/V head h // (n_heads / n_kv_heads)).
+    """
+    src = x if memory is None else memory
+    b, t, d = x.shape
+    s = src.shape[1]
+    h, kv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    q = attn.q_proj(x).view(b, t, h, hd).transpose(1, 2)
+    k = attn.k_proj(src).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
+    v = attn.v_proj(src).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
+    allowed = torch.ones(t, s, dtype=torch.bool)
+    if causal:
+        allowed = torch.tril(allowed)
+    allowed = allowed[None, None].expand(b, 1, t, s)
+    if key_keep is not None:
+        allowed = allowed & key_keep[:, None, None, :]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    y = torch.softmax(scores, dim=-1) @ v
+    return attn.o_proj(y.transpose(1, 2).reshape(b, t, d))
