@@ -1,0 +1,64 @@
+"""scalelab-data: prepare token shards on their own (``make data``).
+
+Composes the same conf/train.yaml as scalelab-train and runs only prepare() for
+cfg.data / cfg.tokenizer into cfg.paths.data_dir, e.g.::
+
+    scalelab-data                              # the default corpus + tokenizer
+    scalelab-data data=shakespeare_char data.path=../shared/data/tinyshakespeare.txt
+    scalelab-data data=pystdlib tokenizer=bpe tokenizer.vocab_size=4096
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
+
+# The training CLI's schema module registers the train_schema structured config and the
+# ${scalelab.root:} resolver that conf/train.yaml uses; import it when present.
+with contextlib.suppress(ImportError):
+    import scalelab.cli.schema  # noqa: F401
+
+if not OmegaConf.has_resolver("scalelab.root"):
+    OmegaConf.register_new_resolver("scalelab.root", lambda: str(Path(CONF_DIR).parent))
+
+
+def run(cfg: DictConfig) -> int:
+    from scalelab.data import DataConfig, TokenizerConfig, prepare
+
+    data_cfg = DataConfig(**OmegaConf.to_container(cfg.data, resolve=True))  # type: ignore[arg-type]
+    tok_cfg = TokenizerConfig(**OmegaConf.to_container(cfg.tokenizer, resolve=True))  # type: ignore[arg-type]
+    if data_cfg.is_seq2seq:
+        print(f"data={data_cfg.name} is generated on the fly: nothing to prepare")
+        return 0
+    p = prepare(data_cfg, tok_cfg, Path(cfg.paths.data_dir), progress=True)
+    m = p.meta
+    print(
+        f"{p.dir}\n  tokenizer {m['tokenizer']['name']} vocab {m['vocab_size']} ({m['dtype']})\n"
+        f"  train {m['train_tokens']:,} tokens / {m['train_bytes']:,} bytes\n"
+        f"  val   {m['val_tokens']:,} tokens / {m['val_bytes']:,} bytes "
+        f"({m['bytes_per_token']:.3f} bytes/token)"
+    )
+    return 0
+
+
+@hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
+def _main(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"scalelab-data: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()

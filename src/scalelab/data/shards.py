@@ -1,0 +1,411 @@
+"""prepare(): text -> tokenizer -> train.bin / val.bin memmaps + meta.json, cached and atomic.
+
+Layout of one prepared dataset (``<cache_dir>/<data>-<tokenizer>-<key>/``)::
+
+    train.bin  val.bin   flat token ids, uint16 if the vocabulary fits, else uint32
+    meta.json            written LAST: its presence marks the directory complete
+    bpe.tiktoken(+.pattern)  bpe only: the trained ranks, reused by a rerun
+
+The key hashes the source fingerprint (content hash), the tokenizer spec, the split and the
+dtype, so changing any of them prepares a new directory and rerunning is free.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scalelab.data.config import DataConfig, TokenizerConfig
+from scalelab.data.sources import Corpus, load_corpus
+from scalelab.data.tokenizers import (
+    Tokenizer,
+    byte_tokenizer,
+    char_tokenizer,
+    load_bpe_ranks,
+    load_tokenizer,
+    named_tokenizer,
+    save_bpe_ranks,
+    train_bpe,
+)
+
+log = logging.getLogger("scalelab.data")
+FORMAT_VERSION = 1
+BPE_FILE = "bpe.tiktoken"
+CHUNK_CHARS = 256 * 1024  # long documents are cut into pieces this size for parallel encoding
+# A newline after a non-space and before a letter is a piece boundary of every tiktoken split
+# pattern we use (and trivially of char/byte), so cutting there leaves the ids unchanged.
+_SAFE_CUT = re.compile(r"(?<=\S\n)(?=[A-Za-z])")
+
+
+# --- atomic files ------------------------------------------------------------------------
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same directory, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """One preparer per directory (DDP ranks, parallel sweeps); the others wait, then reuse."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+# --- the prepared dataset ----------------------------------------------------------------
+
+
+@dataclass
+class PreparedData:
+    dir: Path
+    meta: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> PreparedData:
+        d = Path(directory)
+        meta_path = d / "meta.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(
+                f"{meta_path} does not exist: run prepare (scalelab-data) first"
+            )
+        return cls(d, json.loads(meta_path.read_text(encoding="utf-8")))
+
+    @property
+    def train_path(self) -> Path:
+        return self.dir / "train.bin"
+
+    @property
+    def val_path(self) -> Path:
+        return self.dir / "val.bin"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.meta["dtype"])
+
+    @property
+    def bytes_per_token(self) -> float:
+        """UTF-8 bytes per token on val: bits-per-byte = loss_nats / ln(2) / bytes_per_token."""
+        return float(self.meta["bytes_per_token"])
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.dir)
+
+    def tokens(self, split: str) -> np.memmap:
+        """Read-only memmap of ``train`` or ``val`` ids."""
+        if split not in ("train", "val"):
+            raise ValueError(f"split={split!r} must be 'train' or 'val'")
+        return np.memmap(self.dir / f"{split}.bin", dtype=self.dtype, mode="r")
+
+
+# --- prepare -----------------------------------------------------------------------------
+
+
+def split_tail(docs: list[str], val_fraction: float) -> tuple[list[str], list[str]]:
+    """Train = first (1 - f) of the characters, val = the rest (nanoGPT's rule, over documents
+    in order; the document at the boundary is cut in two)."""
+    total = sum(len(d) for d in docs)
+    cut = int(total * (1.0 - val_fraction))
+    train: list[str] = []
+    val: list[str] = []
+    pos = 0
+    for d in docs:
+        if pos + len(d) <= cut:
+            train.append(d)
+        elif pos >= cut:
+            val.append(d)
+        else:
+            train.append(d[: cut - pos])
+            val.append(d[cut - pos :])
+        pos += len(d)
+    return [d for d in train if d], [d for d in val if d]
+
+
+def _chunks(doc: str) -> list[str]:
+    if len(doc) <= 2 * CHUNK_CHARS:
+        return [doc]
+    out, start = [], 0
+    while len(doc) - start > 2 * CHUNK_CHARS:
+        m = _SAFE_CUT.search(doc, start + CHUNK_CHARS, start + 2 * CHUNK_CHARS)
+        if m is None:
+            break  # no safe place: keep the rest whole
+        out.append(doc[start : m.start()])
+        start = m.start()
+    out.append(doc[start:])
+    return out
+
+
+def _cache_key(corpus: Corpus, data_cfg: DataConfig, tok_cfg: TokenizerConfig) -> str:
+    spec = {
+        "version": FORMAT_VERSION,
+        "fingerprint": corpus.fingerprint,
+        "tokenizer": tok_cfg.spec(),
+        "split": data_cfg.split,
+        "val_fraction": float(data_cfg.val_fraction),
+        "dtype": data_cfg.dtype,
+        "encoding_errors": data_cfg.encoding_errors,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _is_complete(d: Path) -> bool:
+    try:
+        meta = json.loads((d / "meta.json").read_text(encoding="utf-8"))
+        size = np.dtype(meta["dtype"]).itemsize
+        return (
+            meta.get("version") == FORMAT_VERSION
+            and (d / "train.bin").stat().st_size == meta["train_tokens"] * size
+            and (d / "val.bin").stat().st_size == meta["val_tokens"] * size
+        )
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _build_tokenizer(
+    tok_cfg: TokenizerConfig, corpus: Corpus, train_docs: list[str], d: Path, say: Any
+) -> Tokenizer:
+    if tok_cfg.name == "char":
+        return char_tokenizer("".join(sorted(set().union(*map(set, corpus.docs)))))
+    if tok_cfg.name == "byte":
+        return byte_tokenizer()
+    if tok_cfg.name != "bpe":
+        return named_tokenizer(tok_cfg.name, tok_cfg.download_timeout)
+    ranks = d / BPE_FILE
+    if ranks.exists() and ranks.with_suffix(".pattern").exists():
+        say(f"reusing trained bpe tokenizer {ranks}")
+        return load_bpe_ranks(ranks)
+
+    def capped() -> Iterator[str]:
+        left = int(tok_cfg.bpe_max_train_bytes)
+        for doc in train_docs:
+            if left <= 0:
+                return
+            piece = doc[:left]  # chars ~ bytes; close enough for a speed cap
+            left -= len(piece)
+            yield piece
+
+    t0 = time.perf_counter()
+    tok = train_bpe(capped(), int(tok_cfg.vocab_size or 0), tok_cfg.bpe_pattern)
+    save_bpe_ranks(tok, ranks)
+    say(
+        f"trained bpe tokenizer (vocab {tok.vocab_size}) in {time.perf_counter() - t0:.1f}s -> {ranks}"
+    )
+    return tok
+
+
+def _shard_dtype(data_cfg: DataConfig, vocab_size: int) -> str:
+    fits16 = vocab_size <= 2**16
+    if data_cfg.dtype == "auto":
+        return "uint16" if fits16 else "uint32"
+    if data_cfg.dtype == "uint16" and not fits16:
+        raise ValueError(
+            f"data.dtype=uint16 cannot hold this tokenizer's ids (vocab_size={vocab_size} > 65536); "
+            f"set data.dtype=auto or data.dtype=uint32"
+        )
+    return data_cfg.dtype
+
+
+def _encode_splits(
+    tok: Tokenizer,
+    splits: dict[str, list[str]],
+    files: dict[str, Any],
+    dtype: str,
+    num_threads: int,
+    progress: bool,
+) -> dict[str, int]:
+    """Encode every split into its open file, eot between documents; returns token counts."""
+    from tqdm.auto import tqdm
+
+    items: list[tuple[str, int, str]] = []  # (split, doc index, text piece)
+    for name, docs in splits.items():
+        for i, doc in enumerate(docs):
+            items += [(name, i, c) for c in _chunks(doc)]
+    total_chars = sum(len(t) for _, _, t in items)
+    counts = dict.fromkeys(splits, 0)
+    last_doc = dict.fromkeys(splits, -1)
+    eot = np.array([tok.eot_id], dtype=dtype)
+    bar = tqdm(
+        total=total_chars, unit="char", unit_scale=True, desc="tokenize", disable=not progress
+    )
+    # Same engine as tiktoken's encode_ordinary_batch (a thread pool over encode_ordinary,
+    # which releases the GIL), but one pool for the whole corpus: results stream back in
+    # order and are written while later pieces are still being encoded. (A char vocabulary
+    # comes from this corpus, so the unknown-character check is not needed here.)
+    with ThreadPoolExecutor(max_workers=num_threads) as pool:
+        results = pool.map(tok.enc.encode_ordinary, [t for _, _, t in items])
+        for (name, i, text), piece in zip(items, results, strict=True):
+            f = files[name]
+            if i != last_doc[name] and last_doc[name] >= 0:
+                f.write(eot.tobytes())  # document separator
+                counts[name] += 1
+            last_doc[name] = i
+            f.write(np.asarray(piece, dtype=dtype).tobytes())
+            counts[name] += len(piece)
+            bar.update(len(text))
+    bar.close()
+    return counts
+
+
+def prepare(
+    data_cfg: DataConfig,
+    tok_cfg: TokenizerConfig,
+    cache_dir: str | os.PathLike[str],
+    progress: bool = True,
+    *,
+    force: bool = False,
+) -> PreparedData:
+    """Tokenize ``data_cfg`` with ``tok_cfg`` into ``cache_dir/<name>-<tok>-<key>/`` (cached).
+
+    Rerunning with the same corpus/tokenizer/split returns the cached directory at once and
+    says so; ``force=True`` re-encodes (a trained bpe tokenizer is still reused).
+    """
+
+    def say(msg: str) -> None:  # progress=True: the user watches stdout; else only the log
+        if progress:
+            print(f"[scalelab-data] {msg}", flush=True)
+        else:
+            log.info(msg)
+
+    if data_cfg.is_seq2seq:
+        raise ValueError(
+            f"data.name={data_cfg.name} is a seq2seq source and has no token shards: use "
+            f"Seq2SeqDataModule(data_cfg, batch_size) directly"
+        )
+    t0 = time.perf_counter()
+    cache = Path(cache_dir).expanduser().resolve()
+    corpus = load_corpus(data_cfg, cache)
+    key = _cache_key(corpus, data_cfg, tok_cfg)
+    d = (
+        cache
+        / f"{data_cfg.name}-{tok_cfg.name}{tok_cfg.vocab_size if tok_cfg.name == 'bpe' else ''}-{key}"
+    )
+    with _locked(cache / f".{d.name}.lock"):
+        if not force and _is_complete(d):
+            say(f"reusing cached shards {d} (nothing to do)")
+            return PreparedData.load(d)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "meta.json").unlink(missing_ok=True)  # incomplete until rewritten at the end
+        for stale in d.glob(".*.tmp"):
+            stale.unlink()  # leftovers of a killed run
+        say(
+            f"preparing {corpus.source}: {corpus.n_bytes / 1e6:.2f} MB, {len(corpus.docs)} docs -> {d}"
+        )
+        if corpus.bad_bytes:
+            say(
+                f"{corpus.bad_bytes} non-UTF-8 byte(s) in {len(corpus.bad_files)} file(s) "
+                f"({data_cfg.encoding_errors}d): {', '.join(corpus.bad_files[:5])}"
+            )
+        train_docs, val_docs = split_tail(corpus.docs, float(data_cfg.val_fraction))
+        if not train_docs or not val_docs:
+            raise ValueError(
+                f"data.val_fraction={data_cfg.val_fraction}: the corpus ({corpus.source}, "
+                f"{sum(map(len, corpus.docs))} chars) is too small to give both a train and a "
+                f"val split; use a bigger corpus"
+            )
+        tok = _build_tokenizer(tok_cfg, corpus, train_docs, d, say)
+        dtype = _shard_dtype(data_cfg, tok.vocab_size)
+        threads = int(data_cfg.num_threads or os.cpu_count() or 1)
+        tmp = {s: d / f".{s}.bin.{os.getpid()}.tmp" for s in ("train", "val")}
+        try:
+            files = {s: open(p, "wb") for s, p in tmp.items()}  # noqa: SIM115
+            try:
+                counts = _encode_splits(
+                    tok, {"train": train_docs, "val": val_docs}, files, dtype, threads, progress
+                )
+                for f in files.values():
+                    f.flush()
+                    os.fsync(f.fileno())
+            finally:
+                for f in files.values():
+                    f.close()
+            if counts["train"] < 2 or counts["val"] < 2:
+                raise ValueError(
+                    f"the corpus is too small: {counts['train']} train / {counts['val']} val "
+                    f"tokens (need >= 2 each); use a bigger corpus or change data.val_fraction"
+                )
+            for s, p in tmp.items():
+                os.replace(p, d / f"{s}.bin")
+        finally:
+            for p in tmp.values():
+                p.unlink(missing_ok=True)
+        tspec = tok.spec()
+        if tok.name == "char":
+            tspec["chars"] = tok.chars
+        if tok.name == "bpe":
+            tspec["ranks_file"] = BPE_FILE
+        val_bytes = sum(len(x.encode("utf-8")) for x in val_docs)
+        train_bytes = sum(len(x.encode("utf-8")) for x in train_docs)
+        seconds = time.perf_counter() - t0
+        meta = {
+            "version": FORMAT_VERSION,
+            "data": data_cfg.to_dict(),
+            "tokenizer_config": tok_cfg.to_dict(),
+            "tokenizer": tspec,
+            "source": corpus.source,
+            "fingerprint": corpus.fingerprint,
+            "python": __import__("sys").version.split()[0],
+            "n_docs": len(corpus.docs),
+            "split": {
+                "rule": "tail: train = first (1 - val_fraction) of the characters, val = the rest",
+                "val_fraction": float(data_cfg.val_fraction),
+            },
+            "dtype": dtype,
+            "vocab_size": tok.vocab_size,
+            "train_tokens": counts["train"],
+            "val_tokens": counts["val"],
+            "train_bytes": train_bytes,
+            "val_bytes": val_bytes,
+            "bytes_per_token": val_bytes / counts["val"],
+            "bad_bytes": corpus.bad_bytes,
+            "bad_files": corpus.bad_files[:100],
+            "encoding_errors": data_cfg.encoding_errors,
+            "prepare_seconds": round(seconds, 3),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        atomic_write_bytes(d / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False).encode())
+        say(
+            f"wrote {counts['train']:,} train + {counts['val']:,} val tokens ({dtype}, vocab "
+            f"{tok.vocab_size}) in {seconds:.1f}s"
+        )
+        return PreparedData(d, meta)

