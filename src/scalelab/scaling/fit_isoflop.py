@@ -1,0 +1,175 @@
+"""Approaches 1 and 2: compute-optimal N and D as power laws in C.
+
+Approach 1 (lower envelope): for each FLOP level, the run whose loss curve is lowest there
+gives N_opt and D_opt. Approach 2 (IsoFLOP profiles): per budget, a parabola in log N fitted
+to the final losses; its vertex gives N_opt. Both then fit N_opt ∝ C^a and D_opt ∝ C^b by
+least squares in log-log space.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .fit_data import FitInputError
+
+
+@dataclass
+class PowerLaw:
+    """y = coefficient * C^exponent, fitted by least squares on log y vs log C."""
+
+    exponent: float
+    coefficient: float
+
+    def __call__(self, c) -> np.ndarray:
+        return self.coefficient * np.asarray(c, float) ** self.exponent
+
+    @classmethod
+    def fit(cls, c, y) -> PowerLaw:
+        c, y = np.asarray(c, float), np.asarray(y, float)
+        if len(c) < 2 or np.ptp(np.log(c)) == 0:
+            raise FitInputError(f"a power-law fit needs >= 2 distinct C values, got {len(np.unique(c))}")
+        slope, icpt = np.polyfit(np.log(c), np.log(y), 1)
+        return cls(exponent=float(slope), coefficient=float(np.exp(icpt)))
+
+
+@dataclass
+class EnvelopeFit:
+    """Approach 1 result. ``points``: C, N_opt, D_opt, loss, run_id per FLOP level."""
+
+    points: pd.DataFrame
+    n_opt: PowerLaw
+    d_opt: PowerLaw
+
+    @property
+    def a(self) -> float:
+        return self.n_opt.exponent
+
+    @property
+    def b(self) -> float:
+        return self.d_opt.exponent
+
+
+def fit_envelope(curves: pd.DataFrame, n_levels: int = 60, min_runs: int = 2,
+                 drop_edges: bool = True) -> EnvelopeFit:
+    """Approach 1 on a canonical curves table (run_id, N, tokens, flops, loss).
+
+    FLOP levels are log-spaced over the range where at least ``min_runs`` curves have data;
+    each curve is interpolated linearly in log FLOPs (never extrapolated). With
+    ``drop_edges``, levels won by the smallest or largest model are dropped (censored).
+    """
+    if curves is None or len(curves) == 0:
+        raise FitInputError("Approach 1 needs loss curves (run_id, tokens, flops, loss); none given")
+    groups = [g.sort_values("flops") for _, g in curves.groupby("run_id")]
+    groups = [g for g in groups if len(g) >= 2]
+    if len(groups) < 2 or len({float(g["N"].iloc[0]) for g in groups}) < 2:
+        raise FitInputError("Approach 1 needs loss curves of >= 2 runs with different N (>= 2 points each)")
+    lo = np.array([np.log(g["flops"].iloc[0]) for g in groups])
+    hi = np.array([np.log(g["flops"].iloc[-1]) for g in groups])
+    levels = np.linspace(lo.min(), hi.max(), n_levels)
+    rows = []
+    for x in levels:
+        cover = [(i, g) for i, g in enumerate(groups) if lo[i] <= x <= hi[i]]
+        if len(cover) < min_runs:
+            continue
+        losses = [np.interp(x, np.log(g["flops"].to_numpy()), g["loss"].to_numpy()) for _, g in cover]
+        k = int(np.argmin(losses))
+        g = cover[k][1]
+        tokens = float(np.exp(np.interp(x, np.log(g["flops"].to_numpy()), np.log(g["tokens"].to_numpy()))))
+        rows.append({"C": float(np.exp(x)), "N_opt": float(g["N"].iloc[0]), "D_opt": tokens,
+                     "loss": float(losses[k]), "run_id": g["run_id"].iloc[0]})
+    pts = pd.DataFrame(rows)
+    if len(pts) and drop_edges:
+        # Where the smallest (largest) model wins, the true optimum may be smaller (larger):
+        # the envelope is censored there, so those FLOP levels are dropped.
+        sizes = [float(g["N"].iloc[0]) for g in groups]
+        pts = pts[(pts["N_opt"] > min(sizes)) & (pts["N_opt"] < max(sizes))].reset_index(drop=True)
+    if len(pts) < 2 or pts["N_opt"].nunique() < 2:
+        raise FitInputError("Approach 1: the lower envelope has < 2 distinct model sizes; add curves or sizes")
+    return EnvelopeFit(points=pts, n_opt=PowerLaw.fit(pts["C"], pts["N_opt"]),
+                       d_opt=PowerLaw.fit(pts["C"], pts["D_opt"]))
+
+
+@dataclass
+class IsoFlopFit:
+    """Approach 2 result.
+
+    ``budgets``: one row per budget: budget, n_sizes, coef (c2, c1, c0 of loss = c2 x^2 +
+    c1 x + c0 with x = log N), N_opt, D_opt, loss_opt, flagged (bool) and reason.
+    Power laws are fitted on the unflagged budgets only.
+    """
+
+    budgets: pd.DataFrame
+    n_opt: PowerLaw
+    d_opt: PowerLaw
+
+    @property
+    def a(self) -> float:
+        return self.n_opt.exponent
+
+    @property
+    def b(self) -> float:
+        return self.d_opt.exponent
+
+    @property
+    def usable(self) -> pd.DataFrame:
+        return self.budgets[~self.budgets["flagged"]]
+
+
+def fit_budget_parabola(n, loss) -> tuple[np.ndarray, float, str]:
+    """Fit loss = c2 (log N)^2 + c1 log N + c0; returns (coef, x_vertex, flag reason or "")."""
+    x = np.log(np.asarray(n, float))
+    y = np.asarray(loss, float)
+    coef = np.polyfit(x, y, 2)
+    c2, c1, _ = coef
+    if c2 <= 0:
+        return coef, float("nan"), "parabola opens downward (no interior minimum)"
+    xv = -c1 / (2 * c2)
+    k = int(np.argmin(y))
+    if k in (int(np.argmin(x)), int(np.argmax(x))):
+        return coef, xv, "lowest loss at the edge of the sampled sizes"
+    if not x.min() <= xv <= x.max():
+        return coef, xv, "parabola minimum outside the sampled sizes"
+    return coef, xv, ""
+
+
+def fit_isoflop(runs: pd.DataFrame, min_sizes: int = 3) -> IsoFlopFit:
+    """Approach 2 on a canonical runs table (N, D, C, loss, budget, fpt).
+
+    D_opt at each budget comes from the runs' own FLOPs per token (log-log interpolated in
+    N), i.e. C / (6 N_opt) when C = 6ND and C / fpt(N_opt) when attention FLOPs count.
+    A budget is flagged and excluded when its minimum is at the edge of its sampled sizes.
+    """
+    rows = []
+    for budget, g in runs.groupby("budget"):
+        g = g.sort_values("N")
+        sizes = g["N"].nunique()
+        row = {"budget": float(budget), "n_sizes": int(sizes), "c2": np.nan, "c1": np.nan, "c0": np.nan,
+               "N_opt": np.nan, "D_opt": np.nan, "loss_opt": np.nan, "flagged": True, "reason": ""}
+        if sizes < min_sizes:
+            row["reason"] = f"only {sizes} distinct sizes (need >= {min_sizes})"
+            rows.append(row)
+            continue
+        coef, xv, reason = fit_budget_parabola(g["N"], g["loss"])
+        row.update(c2=coef[0], c1=coef[1], c0=coef[2], flagged=bool(reason), reason=reason)
+        if np.isfinite(xv):
+            n_opt = float(np.exp(xv))
+            log_fpt = np.interp(xv, np.log(g["N"]), np.log(g["fpt"]))
+            if xv < np.log(g["N"].iloc[0]) or xv > np.log(g["N"].iloc[-1]):  # extrapolate fpt ∝ N^p
+                p, k = np.polyfit(np.log(g["N"]), np.log(g["fpt"]), 1)
+                log_fpt = k + p * xv
+            row.update(N_opt=n_opt, D_opt=float(budget / np.exp(log_fpt)),
+                       loss_opt=float(np.polyval(coef, xv)))
+        rows.append(row)
+    table = pd.DataFrame(rows).sort_values("budget").reset_index(drop=True)
+    ok = table[~table["flagged"]]
+    if len(ok) < 2:
+        detail = "; ".join(f"budget {r.budget:.3g}: {r.reason}" for r in table.itertuples() if r.flagged)
+        raise FitInputError(
+            f"Approach 2 needs >= 2 usable IsoFLOP budgets with >= {min_sizes} sizes each and an "
+            f"interior minimum; got {len(ok)} of {len(table)}. {detail}"
+        )
+    return IsoFlopFit(budgets=table, n_opt=PowerLaw.fit(ok["budget"], ok["N_opt"]),
+                      d_opt=PowerLaw.fit(ok["budget"], ok["D_opt"]))

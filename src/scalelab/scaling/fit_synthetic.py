@@ -1,0 +1,67 @@
+"""Synthetic scaling data from a known law (for tests, docs and sanity checks of the fitters)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+# Hoffmann et al. (2022), eq. 10 (Approach 3 fit).
+CHINCHILLA = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
+# Besiroglu et al. (2024), "Chinchilla Scaling: A replication attempt" (Epoch AI).
+EPOCH_2024 = {"E": 1.8172, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658}
+
+
+def law_loss(n, d, law: dict[str, float] = CHINCHILLA) -> np.ndarray:
+    """L(N, D) = E + A/N^alpha + B/D^beta."""
+    n, d = np.asarray(n, float), np.asarray(d, float)
+    return law["E"] + law["A"] / n ** law["alpha"] + law["B"] / d ** law["beta"]
+
+
+def law_n_opt(c, law: dict[str, float] = CHINCHILLA) -> np.ndarray:
+    """Closed-form compute-optimal N under C = 6ND."""
+    al, be = law["alpha"], law["beta"]
+    g = (al * law["A"] / (be * law["B"])) ** (1 / (al + be))
+    return g * (np.asarray(c, float) / 6) ** (be / (al + be))
+
+
+def isoflop_runs(
+    budgets=(1e17, 1e18, 1e19, 1e20, 1e21),
+    sizes_per_budget: int = 9,
+    span: float = 1.0,
+    noise: float = 0.005,
+    seed: int = 0,
+    law: dict[str, float] = CHINCHILLA,
+    variant: str | None = None,
+    center_shift: float = 0.0,
+) -> pd.DataFrame:
+    """IsoFLOP grid: per budget, sizes evenly spaced in log10 N over ±span decades around
+    the true optimum (shifted by ``center_shift`` decades); D = C / (6N); loss from the law
+    times (1 + noise * standard normal)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in budgets:
+        center = np.log10(law_n_opt(c, law)) + center_shift
+        for i, log_n in enumerate(np.linspace(center - span, center + span, sizes_per_budget)):
+            n = 10.0**log_n
+            d = c / (6 * n)
+            loss = float(law_loss(n, d, law)) * (1 + noise * rng.standard_normal())
+            rows.append({"run_id": f"c{c:.0e}_n{i}", "N": n, "D": d, "C": c, "budget": c, "loss": loss})
+    df = pd.DataFrame(rows)
+    if variant is not None:
+        df["variant"] = variant
+        df["run_id"] = variant + "_" + df["run_id"]
+    return df
+
+
+def loss_curves(runs: pd.DataFrame, points_per_run: int = 40, law: dict[str, float] = CHINCHILLA,
+                noise: float = 0.0, seed: int = 0, start_fraction: float = 0.02) -> pd.DataFrame:
+    """Loss curves (run_id, tokens, flops, loss) as if each intermediate point were a run
+    trained to that many tokens (the idealisation behind Chinchilla's Approach 1)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for r in runs.itertuples():
+        tokens = np.geomspace(start_fraction * r.D, r.D, points_per_run)
+        loss = law_loss(r.N, tokens, law) * (1 + noise * rng.standard_normal(points_per_run))
+        flops = tokens * (r.C / r.D)
+        rows.append(pd.DataFrame({"run_id": r.run_id, "tokens": tokens, "flops": flops, "loss": loss}))
+    return pd.concat(rows, ignore_index=True)

@@ -1,0 +1,302 @@
+"""Plots (PNG, matplotlib Agg) and a Markdown report for :class:`ScalingResults`.
+
+``write_report(results, out_dir, plan=None) -> list[Path]`` returns every file written, so
+the sweep can log them as MLflow artifacts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .fit import Estimate, ScalingResults, VariantFit
+from .fit_synthetic import CHINCHILLA, EPOCH_2024
+
+# Published compute-optimal exponents and tokens per parameter, for the side-by-side table.
+# Chinchilla: Approach 1/2 a = 0.50/0.49, b = 0.50/0.51; ~20 tokens per parameter.
+PUBLISHED = {
+    "Chinchilla (Hoffmann et al. 2022)": {**CHINCHILLA, "a": 0.50, "b": 0.50, "tokens_per_param": 20.0},
+    "Epoch AI replication (Besiroglu et al. 2024)": {
+        **EPOCH_2024,
+        "a": EPOCH_2024["beta"] / (EPOCH_2024["alpha"] + EPOCH_2024["beta"]),
+        "b": EPOCH_2024["alpha"] / (EPOCH_2024["alpha"] + EPOCH_2024["beta"]),
+        "tokens_per_param": 20.0,
+    },
+}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless; must precede pyplot import
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _suffix(results: ScalingResults, vf: VariantFit) -> str:
+    if len(results.variants) == 1:
+        return ""
+    return "_" + "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in vf.variant)
+
+
+def plot_loss_vs_tokens(vf: VariantFit, path: Path) -> Path:
+    """Loss against tokens, one line per model size (curves), or final losses if no curves."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    sizes = np.sort(vf.runs["N"].unique())
+    cmap = plt.get_cmap("viridis")
+    color = {n: cmap(i / max(len(sizes) - 1, 1)) for i, n in enumerate(sizes)}
+    if vf.curves is not None and len(vf.curves):
+        for _rid, g in vf.curves.groupby("run_id"):
+            g = g.sort_values("tokens")
+            ax.plot(g["tokens"], g["loss"], color=color.get(g["N"].iloc[0], "k"), lw=1, alpha=0.8)
+    for n in sizes:
+        r = vf.runs[vf.runs["N"] == n].sort_values("D")
+        ax.plot(r["D"], r["loss"], "o", color=color[n], ms=4, label=f"N={n:.3g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens D")
+    ax.set_ylabel("loss (nats)")
+    ax.set_title(f"Loss vs tokens per model size [{vf.variant}]")
+    if len(sizes) <= 12:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_isoflop(vf: VariantFit, path: Path) -> Path:
+    """IsoFLOP curves with fitted parabolas and their minima (flagged budgets dashed)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    cmap = plt.get_cmap("plasma")
+    budgets = np.sort(vf.runs["budget"].unique())
+    table = vf.approach2.budgets.set_index("budget") if vf.approach2 is not None else None
+    for i, c in enumerate(budgets):
+        col = cmap(i / max(len(budgets) - 1, 1) * 0.85)
+        g = vf.runs[vf.runs["budget"] == c].sort_values("N")
+        ax.plot(g["N"], g["loss"], "o", color=col, ms=4, label=f"C={c:.2g}")
+        if table is not None and c in table.index and np.isfinite(table.loc[c, "c2"]):
+            row = table.loc[c]
+            x = np.linspace(np.log(g["N"].min()), np.log(g["N"].max()), 100)
+            ax.plot(np.exp(x), np.polyval([row["c2"], row["c1"], row["c0"]], x), color=col,
+                    ls="--" if row["flagged"] else "-", lw=1)
+            if np.isfinite(row["N_opt"]) and not row["flagged"]:
+                ax.plot(row["N_opt"], row["loss_opt"], "*", color=col, ms=12, mec="k")
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters N")
+    ax.set_ylabel("final loss (nats)")
+    ax.set_title(f"IsoFLOP profiles [{vf.variant}] (* = minimum, dashed = flagged)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _band(vf: VariantFit, prefix: str, which: str, cgrid: np.ndarray, ci: float):
+    """Bootstrap band of N_opt or D_opt over cgrid, or None."""
+    b = vf.boot
+    lo_q, hi_q = (1 - ci) / 2, 1 - (1 - ci) / 2
+    if prefix == "approach3":
+        cols = [f"approach3.{k}" for k in ("E", "A", "B", "alpha", "beta")]
+        if b.empty or not all(c in b for c in cols):
+            return None
+        p = b[cols].dropna().to_numpy()
+        if len(p) < 2:
+            return None
+        _, A, B, al, be = p.T
+        g = (al * A / (be * B)) ** (1 / (al + be))
+        if which == "n":
+            ys = g[:, None] * (cgrid[None] / 6) ** (be / (al + be))[:, None]
+        else:
+            ys = (cgrid[None] / 6) ** (al / (al + be))[:, None] / g[:, None]
+    else:
+        e, k = f"{prefix}.{'a' if which == 'n' else 'b'}", f"{prefix}.{which}_coef"
+        if b.empty or e not in b or k not in b:
+            return None
+        p = b[[e, k]].dropna().to_numpy()
+        if len(p) < 2:
+            return None
+        ys = p[:, 1:2] * cgrid[None] ** p[:, 0:1]
+    ys = ys[np.all(np.isfinite(ys), axis=1)]
+    if len(ys) < 2:
+        return None
+    return np.quantile(ys, lo_q, axis=0), np.quantile(ys, hi_q, axis=0)
+
+
+def plot_frontier(vf: VariantFit, path: Path, ci: float = 0.95) -> Path:
+    """N_opt(C) and D_opt(C): points, fitted lines and bootstrap confidence bands."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    c_all = vf.runs["budget"].to_numpy()
+    cgrid = np.geomspace(c_all.min() / 3, c_all.max() * 3, 60)
+    styles = {"approach1": ("tab:blue", "Approach 1 (envelope)"), "approach2": ("tab:orange", "Approach 2 (IsoFLOP)"),
+              "approach3": ("tab:green", "Approach 3 (parametric)")}
+    for which, ax in zip(("n", "d"), axes, strict=True):
+        for prefix, (col, label) in styles.items():
+            fit = getattr(vf, prefix)
+            if fit is None:
+                continue
+            if prefix == "approach3":
+                line = fit.n_opt(cgrid) if which == "n" else fit.d_opt(cgrid)
+                lab = f"{label}: exp={fit.a if which == 'n' else fit.b:.3f}"
+            else:
+                law = fit.n_opt if which == "n" else fit.d_opt
+                line, lab = law(cgrid), f"{label}: exp={law.exponent:.3f}"
+                pts = fit.points if prefix == "approach1" else fit.usable.rename(columns={"budget": "C"})
+                ax.plot(pts["C"], pts["N_opt" if which == "n" else "D_opt"], "o" if prefix == "approach2" else ".",
+                        color=col, ms=6 if prefix == "approach2" else 3, alpha=0.8)
+            ax.plot(cgrid, line, color=col, label=lab)
+            with np.errstate(all="ignore"):  # degenerate replicates give inf/nan; dropped below
+                band = _band(vf, prefix, which, cgrid, ci)
+            if band is not None:
+                ax.fill_between(cgrid, band[0], band[1], color=col, alpha=0.2)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("compute C (FLOPs)")
+        ax.set_ylabel("N_opt (parameters)" if which == "n" else "D_opt (tokens)")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Compute-optimal frontier [{vf.variant}] (bands: {ci:.0%} bootstrap)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_parametric(vf: VariantFit, path: Path) -> Path:
+    """Approach 3: predicted against actual loss, with the y = x line."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 5))
+    pred = vf.approach3.predict(vf.runs["N"], vf.runs["D"])
+    sc = ax.scatter(vf.runs["loss"], pred, c=np.log10(vf.runs["budget"]), cmap="plasma", s=18)
+    lo, hi = min(vf.runs["loss"].min(), pred.min()), max(vf.runs["loss"].max(), pred.max())
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+    fig.colorbar(sc, ax=ax, label="log10 budget C")
+    f = vf.approach3
+    ax.set_title(f"[{vf.variant}] E={f.E:.3g} A={f.A:.3g} B={f.B:.3g}\nα={f.alpha:.3f} β={f.beta:.3f}", fontsize=9)
+    ax.set_xlabel("actual loss")
+    ax.set_ylabel("predicted loss L(N, D)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _md_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
+    def cell(v) -> str:
+        if isinstance(v, Estimate):
+            return v.fmt(4)
+        if isinstance(v, float | np.floating):
+            return "" if math.isnan(v) else format(float(v), floatfmt)
+        return str(v)
+
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def estimates_table(vf: VariantFit) -> pd.DataFrame:
+    """Every fitted quantity of a variant with its CI (the CLI prints this too)."""
+    rows = [{"quantity": k, "value": e.value, "ci_lo": e.lo, "ci_hi": e.hi, "n_boot_ok": e.n}
+            for k, e in vf.estimates.items() if not k.endswith("_coef")]
+    return pd.DataFrame(rows, columns=["quantity", "value", "ci_lo", "ci_hi", "n_boot_ok"])
+
+
+def _published_table(vf: VariantFit) -> pd.DataFrame:
+    keys = ["E", "A", "B", "alpha", "beta", "a", "b", "tokens_per_param"]
+    rows = []
+    for label, prefix in (("this fit (Approach 3)", "approach3"), ("this fit (Approach 2)", "approach2"),
+                          ("this fit (Approach 1)", "approach1")):
+        if any(f"{prefix}.{k}" in vf.estimates for k in keys):
+            rows.append({"source": label, **{k: vf.estimates.get(f"{prefix}.{k}", Estimate(float("nan")))
+                                             for k in keys}})
+    for label, vals in PUBLISHED.items():
+        rows.append({"source": label, **{k: Estimate(float(vals.get(k, float("nan")))) for k in keys}})
+    return pd.DataFrame(rows)
+
+
+def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) -> list[str]:
+    out = [f"## Variant `{vf.variant}`" if len(results.variants) > 1 else "## Fit", ""]
+    for name, file in plots.items():
+        out += [f"![{name}]({file})", ""]
+    out += ["### Runs", "", _md_table(vf.runs.drop(columns=["variant"]).assign(
+        tokens_per_param=vf.runs["D"] / vf.runs["N"])), ""]
+    out += ["### Fitted parameters", "",
+            f"{results.options.ci:.0%} bootstrap percentile intervals over {results.options.n_boot} "
+            f"replicates; tokens per parameter and optimal loss at the reference compute "
+            f"C = {results.reference_compute:.3g} FLOPs.", "", _md_table(estimates_table(vf)), ""]
+    out += ["### Compared with published laws", "",
+            "Chinchilla's a, b are its Approaches 1-2 (≈ 0.5); its Approach 3 law implies a = 0.45. "
+            "Tokens per parameter for the published laws is the usual ≈ 20 rule.", "",
+            _md_table(_published_table(vf)), ""]
+    if vf.approach3 is not None:
+        f = vf.approach3
+        out += [f"Approach 3 objective {f.objective:.4g} ({f.options.get('reduction')}-reduced Huber, "
+                f"δ={results.options.huber_delta}), {f.n_starts} starts, fitted in {f.seconds:.1f} s.", ""]
+    if vf.approach2 is not None:
+        t = vf.approach2.budgets
+        out += ["### IsoFLOP budgets (Approach 2)", "", _md_table(t[["budget", "n_sizes", "N_opt", "D_opt",
+                                                                     "loss_opt", "flagged", "reason"]]), ""]
+        flagged = t[t["flagged"]]
+        if len(flagged):
+            out += ["**Flagged and excluded:** " + "; ".join(
+                f"C={r.budget:.3g} ({r.reason})" for r in flagged.itertuples()), ""]
+    ex = vf.extrapolation
+    if ex is not None:
+        out += ["### Extrapolation check", "",
+                f"Fitted Approach 3 on {ex.n_train_points} runs below the largest budget C = "
+                f"{ex.held_out_budget:.3g} and predicted that budget's compute-optimal loss.", "",
+                "| predicted loss | actual loss | actual from | relative error | N_opt predicted (A2) | N_opt actual |",
+                "|---|---|---|---|---|---|",
+                f"| {ex.predicted_loss:.4f} | {ex.actual_loss:.4f} | {ex.actual_source} | {ex.rel_error:+.2%} | "
+                f"{ex.predicted_n_opt:.4g} | {ex.actual_n_opt:.4g} |", ""]
+    if vf.skipped:
+        out += ["Skipped: " + "; ".join(f"Approach {k}: {v}" for k, v in vf.skipped.items()), ""]
+    return out
+
+
+def write_report(results: ScalingResults, out_dir, plan=None) -> list[Path]:
+    """Write PNG plots and ``report.md`` into out_dir; return the written paths.
+
+    ``plan``: optional DataFrame (or records) of the sweep plan, shown as the first table.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    md = ["# Scaling-law report", ""]
+    opts = results.options
+    md += [f"Conventions: N = {opts.n_convention} parameters, FLOPs = {opts.flops_convention}; "
+           f"approaches {', '.join(map(str, opts.approaches))}; reference compute "
+           f"C = {results.reference_compute:.3g}.", ""]
+    md += [f"- note: {n}" for n in results.notes] + ([""] if results.notes else [])
+    if plan is not None:
+        md += ["## Plan", "", _md_table(pd.DataFrame(plan)), ""]
+    for vf in results.variants.values():
+        sfx = _suffix(results, vf)
+        plots: dict[str, str] = {}
+        jobs = [("loss vs tokens", f"loss_vs_tokens{sfx}.png", plot_loss_vs_tokens, True),
+                ("IsoFLOP profiles", f"isoflop{sfx}.png", plot_isoflop, True),
+                ("compute-optimal frontier", f"frontier{sfx}.png",
+                 lambda v, p: plot_frontier(v, p, opts.ci), any((vf.approach1, vf.approach2, vf.approach3))),
+                ("parametric fit", f"parametric{sfx}.png", plot_parametric, vf.approach3 is not None)]
+        for title, name, fn, enabled in jobs:
+            if enabled:
+                written.append(fn(vf, out / name))
+                plots[title] = name
+        md += _variant_md(results, vf, plots)
+    if results.comparison is not None:
+        md += ["## Variant comparison", "",
+               f"Each variant against `{next(iter(results.variants))}`. loss_ratio = predicted compute-optimal "
+               f"loss (Approach 3) at C = {results.reference_compute:.3g}, variant / baseline, with a "
+               f"bootstrap interval; < 1 means the variant is better there. `significant`: the interval "
+               f"excludes 1.", "", _md_table(results.comparison), ""]
+    path = out / "report.md"
+    path.write_text("\n".join(md))
+    written.append(path)
+    return written

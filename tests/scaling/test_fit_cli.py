@@ -1,0 +1,62 @@
+"""scalelab-fit through a real subprocess: CSV in, table + report out; bad CSVs exit 2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalelab.scaling.fit_synthetic import isoflop_runs, loss_curves
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli() -> list[str]:
+    script = REPO / ".venv" / "bin" / "scalelab-fit"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "scalelab.cli.fit"]
+
+
+def _run(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*_cli(), *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_csv_fit_writes_report(tmp_path):
+    runs = isoflop_runs(budgets=(1e17, 1e18, 1e19, 1e20), sizes_per_budget=6, noise=0.003, seed=0)
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    loss_curves(runs, points_per_run=15).to_csv(tmp_path / "curves.csv", index=False)
+    out = tmp_path / "report"
+    p = _run("--csv", tmp_path / "runs.csv", "--curves", tmp_path / "curves.csv", "--out", out,
+             "--n-boot", 3, "--grid", "coarse")
+    assert p.returncode == 0, p.stderr
+    for needle in ("approach3.alpha", "approach2.a", "approach1.a", "95% CI", "extrapolation to C=1e+20"):
+        assert needle in p.stdout, needle
+    assert {f.name for f in out.iterdir()} >= {"report.md", "isoflop.png", "frontier.png", "parametric.png"}
+
+
+def test_python_dash_m_works(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "scalelab.cli.fit", "--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "--n-convention" in p.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("N,D\n1e6,1e8\n", "missing column 'loss'"),
+        ("N,D,loss\n1e6,1e8,3.0\n2e6,-1,2.9\n", "column 'D'"),
+        ("N,D,loss\n1e6,1e8,3.0\n2e6,1e8,2.9\n4e6,1e8,2.8\n", "Approach 3 needs >= 5"),
+        ("N,D,loss,budget\n1e6,1e8,3.0,1e15\n2e6,5e7,2.9,1e15\n3e6,3e7,2.95,1e15\n"
+         "1e6,1e9,2.8,1e16\n2e6,5e8,2.7,1e16\n", "Approach 2 needs >= 2 usable"),
+    ],
+)
+def test_bad_csv_exit_2(tmp_path, content, needle):
+    csv = tmp_path / "bad.csv"
+    csv.write_text(content)
+    p = _run("--csv", csv, "--n-boot", 0, "--grid", "coarse", "--approaches", "2,3", "--no-report")
+    assert p.returncode == 2
+    assert needle in p.stderr and "bad.csv" in p.stderr, p.stderr
+
+
+def test_missing_file_exit_2(tmp_path):
+    p = _run("--csv", tmp_path / "nope.csv")
+    assert p.returncode == 2 and "nope.csv" in p.stderr
