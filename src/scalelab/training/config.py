@@ -1,0 +1,87 @@
+"""Optimizer and schedule settings: one dataclass, mirrored by conf/optim/*.yaml.
+
+Fields use ``Optional[X]`` and plain ``str`` (not ``X | None`` / ``Literal``) because this class
+becomes an OmegaConf structured config, and OmegaConf 2.3 rejects PEP 604 unions.
+"""
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+SCHEDULES = ("cosine", "wsd", "constant")
+DECAY_SHAPES = ("linear", "cosine", "sqrt")
+
+
+@dataclass
+class OptimConfig:
+    # AdamW
+    lr: float = 6e-4  # peak learning rate (after warmup)
+    weight_decay: float = 0.1  # applied to matrices only (dim >= 2)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    decay_embeddings: bool = False  # also decay token/position embedding tables
+    grad_clip: float = 1.0  # max total grad 2-norm; 0 disables clipping
+    fused: Optional[bool] = None  # noqa: UP045  # None = fused kernel when torch supports the device, else foreach
+
+    # Schedule: a multiplier on lr per optimizer step (LambdaLR, interval "step")
+    schedule: str = "cosine"  # cosine | wsd | constant
+    warmup_steps: Optional[int] = None  # noqa: UP045  # wins over warmup_fraction when set
+    warmup_fraction: float = 0.02  # of total steps, used when warmup_steps is None
+    min_lr_ratio: float = 0.1  # final lr = min_lr_ratio * lr (cosine, wsd)
+    decay_fraction: float = 0.2  # wsd: the final fraction of steps that decays to min lr
+    decay_shape: str = "linear"  # wsd decay: linear | cosine | sqrt
+
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str) -> ValueError:
+            return ValueError(f"optim.{key}={getattr(self, key)!r}: {why}")
+
+        for key in ("lr", "eps"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise bad(key, "must be a positive number")
+        if self.weight_decay < 0:
+            raise bad("weight_decay", "must be >= 0")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise bad(key, "must be in [0, 1)")
+        if self.grad_clip < 0:
+            raise bad("grad_clip", "must be >= 0 (0 disables clipping)")
+        if self.schedule not in SCHEDULES:
+            raise bad("schedule", f"unknown schedule; choose one of {', '.join(SCHEDULES)}")
+        if self.decay_shape not in DECAY_SHAPES:
+            raise bad("decay_shape", f"unknown shape; choose one of {', '.join(DECAY_SHAPES)}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise bad("warmup_steps", "must be >= 0 or null (then warmup_fraction is used)")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise bad("warmup_fraction", "must be in [0, 1)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise bad("min_lr_ratio", "must be in [0, 1]")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise bad("decay_fraction", "must be in (0, 1]")
+
+    def resolve_warmup(self, total_steps: int) -> int:
+        """Warmup length in optimizer steps for a run of ``total_steps`` steps."""
+        if self.warmup_steps is not None:
+            warmup = self.warmup_steps
+        else:
+            warmup = round(self.warmup_fraction * total_steps)
+        if warmup >= total_steps and total_steps > 0 and self.schedule != "constant":
+            raise ValueError(
+                f"optim.warmup_steps resolves to {warmup} but the run has only {total_steps} steps; "
+                "lower optim.warmup_steps/optim.warmup_fraction or train longer"
+            )
+        return warmup
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "OptimConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(
+                f"optim: unknown key(s) {unknown}; valid keys are {sorted(known)}"
+            )
+        return cls(**d)

@@ -1,0 +1,112 @@
+"""AdamW with parameter groups: matrices decay; norms, biases and (by default) embeddings do not.
+
+Weight decay on gains, biases and embedding rows mostly hurts (it pulls norms toward zero and
+shrinks rare tokens' rows), so only weight matrices are decayed, as in GPT-2/nanoGPT/Llama recipes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from scalelab.training.config import OptimConfig
+
+# Parameters held directly (not in an nn.Embedding) that are embeddings by name.
+_EMBED_NAME = re.compile(r"(^|\.)(wte|wpe|tok_emb\w*|pos_emb\w*|\w*embed\w*|\w*embedding\w*)(\.|$)")
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """How many tensors / scalars land in each group (logged so a run shows what was decayed)."""
+
+    decay_tensors: int
+    decay_params: int
+    no_decay_tensors: int
+    no_decay_params: int
+    decay_names: tuple[str, ...]
+    no_decay_names: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "decay_tensors": self.decay_tensors,
+            "decay_params": self.decay_params,
+            "no_decay_tensors": self.no_decay_tensors,
+            "no_decay_params": self.no_decay_params,
+        }
+
+
+def _embedding_param_ids(model: nn.Module) -> set[int]:
+    ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    ids |= {id(p) for n, p in model.named_parameters() if _EMBED_NAME.search(n)}
+    return ids
+
+
+def param_groups(
+    model: nn.Module, weight_decay: float, decay_embeddings: bool = False
+) -> tuple[list[dict[str, Any]], GroupSummary]:
+    """Split trainable parameters into a decayed and a non-decayed AdamW group.
+
+    A parameter shared by two modules (tied input/output embedding) appears once; it counts
+    as an embedding, so it follows ``decay_embeddings``.
+    """
+    embed_ids = _embedding_param_ids(model)
+    decay: list[tuple[str, nn.Parameter]] = []
+    no_decay: list[tuple[str, nn.Parameter]] = []
+    # named_parameters() already yields a shared tensor once (remove_duplicate=True).
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        is_embedding = id(p) in embed_ids
+        if p.ndim >= 2 and (decay_embeddings or not is_embedding):
+            decay.append((name, p))
+        else:
+            no_decay.append((name, p))
+    groups = [
+        {"params": [p for _, p in decay], "weight_decay": weight_decay, "name": "decay"},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0, "name": "no_decay"},
+    ]
+    groups = [g for g in groups if g["params"]]
+    summary = GroupSummary(
+        decay_tensors=len(decay),
+        decay_params=sum(p.numel() for _, p in decay),
+        no_decay_tensors=len(no_decay),
+        no_decay_params=sum(p.numel() for _, p in no_decay),
+        decay_names=tuple(n for n, _ in decay),
+        no_decay_names=tuple(n for n, _ in no_decay),
+    )
+    return groups, summary
+
+
+def fused_available(params: list[torch.Tensor]) -> bool:
+    """Whether torch has a fused AdamW kernel for every parameter's device and dtype."""
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+        devices = set(_get_fused_kernels_supported_devices())
+    except ImportError:  # older torch: CUDA only
+        devices = {"cuda"}
+    return bool(params) and all(
+        p.device.type in devices and torch.is_floating_point(p) for p in params
+    )
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> tuple[torch.optim.AdamW, GroupSummary]:
+    """AdamW over :func:`param_groups`; fused kernel when available (or forced by ``cfg.fused``)."""
+    groups, summary = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+    params = [p for g in groups for p in g["params"]]
+    fused = fused_available(params) if cfg.fused is None else cfg.fused
+    if fused and not fused_available(params):
+        devs = sorted({p.device.type for p in params})
+        raise ValueError(
+            f"optim.fused=true but torch {torch.__version__} has no fused AdamW for device(s) {devs}; "
+            "set optim.fused=null (auto) or false"
+        )
+    kwargs: dict[str, Any] = {"fused": True} if fused else {"foreach": None}  # None: torch picks foreach on GPU
+    opt = torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kwargs
+    )
+    return opt, summary

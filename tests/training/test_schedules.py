@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from scalelab.training import OptimConfig, build_lr_lambda
+from scalelab.training.schedules import constant_schedule, cosine_schedule, wsd_schedule
+
+
+def test_cosine_exact_values() -> None:
+    f = cosine_schedule(total_steps=110, warmup_steps=10, min_lr_ratio=0.1)
+    assert [f(s) for s in range(3)] == pytest.approx([0.1, 0.2, 0.3])
+    assert f(9) == 1.0  # warmup reaches the peak on its last step
+    assert f(10) == 1.0  # cosine starts at the peak
+    assert f(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 50 / 99)))
+    assert f(109) == 0.1  # exactly min lr on the last step (no float slop)
+    values = [f(s) for s in range(10, 110)]
+    assert all(a >= b for a, b in itertools.pairwise(values))
+
+
+def test_cosine_without_warmup_starts_at_peak() -> None:
+    f = cosine_schedule(5, 0, 0.0)
+    assert [f(s) for s in range(5)] == pytest.approx([1.0, 0.8535534, 0.5, 0.1464466, 0.0])
+
+
+def test_wsd_phases() -> None:
+    f = wsd_schedule(total_steps=100, warmup_steps=10, min_lr_ratio=0.0, decay_fraction=0.2)
+    assert f(0) == pytest.approx(0.1)
+    assert all(f(s) == 1.0 for s in range(9, 81))  # stable through the start of the decay
+    assert f(80) == 1.0 and f(81) < 1.0  # decay starts at step 100 - 20
+    assert f(90) == pytest.approx(1 - 10 / 19)  # linear over steps 80..99
+    assert f(99) == 0.0
+
+
+def test_wsd_shapes_and_min_lr() -> None:
+    for shape in ("linear", "cosine", "sqrt"):
+        f = wsd_schedule(50, 5, 0.1, 0.4, shape)
+        assert f(29) == 1.0 and f(30) == 1.0 and f(49) == pytest.approx(0.1)
+    g = wsd_schedule(50, 5, 0.1, 0.4, "cosine")
+    assert g(39) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 9 / 19)))
+
+
+def test_constant() -> None:
+    f = constant_schedule(4)
+    assert [f(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert constant_schedule(0)(0) == 1.0
+
+
+def test_build_from_config_and_lambdalr_steps() -> None:
+    cfg = OptimConfig(lr=1e-3, schedule="cosine", warmup_steps=2, min_lr_ratio=0.1)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, build_lr_lambda(cfg, total_steps=10))
+    lrs = []
+    for _ in range(10):  # the lr each optimizer update uses
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(5e-4) and lrs[1] == pytest.approx(1e-3)
+    assert lrs[-1] == pytest.approx(1e-4)
+
+
+def test_errors() -> None:
+    with pytest.raises(ValueError, match="total_steps=0"):
+        build_lr_lambda(OptimConfig(), 0)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        build_lr_lambda(OptimConfig(warmup_steps=10), 10)
+    # constant: a warmup longer than the run is allowed (nothing to end exactly)
+    assert build_lr_lambda(OptimConfig(schedule="constant", warmup_steps=10), 5)(0) == 0.1
