@@ -1,0 +1,76 @@
+"""Platform callbacks: checkpoint contents for resume/sampling, and the progress bar."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, ClassVar
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import TQDMProgressBar
+
+from scalelab.cli.spec import plain
+
+
+class RunState(pl.Callback):
+    """Adds what resume and `scalelab-sample` need to every checkpoint, as plain types.
+
+    - ``checkpoint["scalelab_run"]``: model config dict, tokenizer spec, objective, MLflow run id;
+    - RNG states (torch, numpy, python), restored on resume so dropout/masking continue the
+      same random stream;
+    - ``hyper_parameters`` made plain so ``torch.load(weights_only=True)`` works.
+    """
+
+    def __init__(self, meta: dict[str, Any]) -> None:
+        self.meta = meta
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        checkpoint["scalelab_run"] = plain(self.meta)
+        np_state = np.random.get_state()
+        checkpoint["scalelab_rng"] = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": [str(np_state[0]), torch.from_numpy(np_state[1].astype(np.int64)),
+                      int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "python": plain(random.getstate()),
+        }
+        if "hyper_parameters" in checkpoint:
+            checkpoint["hyper_parameters"] = plain(dict(checkpoint["hyper_parameters"]))
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        rng = checkpoint.get("scalelab_rng")
+        if not rng:
+            return
+        torch.set_rng_state(rng["torch"])
+        if rng.get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        name, keys, pos, has_gauss, cached = rng["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+        version, state, gauss = rng["python"]
+        random.setstate((version, tuple(state), gauss))
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's tqdm bar showing loss, tokens/s and lr (short names, no v_num)."""
+
+    SHOW: ClassVar[dict[str, str]] = {"train/loss": "loss", "val/loss": "val", "lr": "lr"}
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        cm = trainer.callback_metrics
+        shown: dict[str, Any] = {}
+        for key, value in {**{k: v for k, v in cm.items()}, **items}.items():
+            short = self.SHOW.get(key)
+            if short is None and ("tokens_per_s" in key or "tok_s" in key or "tokens/s" in key):
+                short = "tok/s"
+            if short is None and key.endswith("mfu"):
+                short = "mfu"
+            if short is None:
+                continue
+            v = float(value.item() if hasattr(value, "item") else value)
+            shown[short] = f"{v:.0f}" if short == "tok/s" else f"{v:.3g}" if short in ("lr", "mfu") else f"{v:.4f}"
+        return shown

@@ -1,0 +1,88 @@
+"""Reading scalelab checkpoints safely (``torch.load(weights_only=True)``) for sample/export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A .ckpt file, or a run folder (-> checkpoints/last.ckpt)."""
+    p = Path(path).expanduser().resolve()
+    p = _consolidated_if_sharded(p)
+    if p.is_dir():
+        for cand in (p / "checkpoints" / "last.ckpt", p / "last.ckpt", p / "checkpoints" / "best.ckpt"):
+            cand = _consolidated_if_sharded(cand)
+            if cand.is_file():
+                return cand
+        raise FileNotFoundError(f"{p}: no checkpoints/last.ckpt in this folder; pass a .ckpt file")
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such checkpoint file or run folder")
+    return p
+
+
+def _consolidated_if_sharded(p: Path) -> Path:
+    """An FSDP sharded checkpoint folder -> its plain ``<folder>.consolidated.ckpt`` (made once)."""
+    from scalelab.training.distributed import consolidate_checkpoint, is_sharded_checkpoint
+
+    if not is_sharded_checkpoint(p):
+        return p
+    out = p.with_name(p.name + ".consolidated.ckpt")
+    if not out.is_file() or out.stat().st_mtime < (p / ".metadata").stat().st_mtime:
+        consolidate_checkpoint(p, out)
+    return out
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """The checkpoint dict, loaded with weights_only=True (no pickled code runs)."""
+    ckpt_path = find_checkpoint(path)
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    if "state_dict" not in ckpt:
+        raise ValueError(f"{ckpt_path}: not a Lightning checkpoint (no state_dict)")
+    ckpt["_path"] = str(ckpt_path)
+    return ckpt
+
+
+def run_meta(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """What `scalelab-train` stored: model config, tokenizer spec, objective, MLflow run id."""
+    return dict(ckpt.get("scalelab_run") or {})
+
+
+def model_config_dict(ckpt: dict[str, Any]) -> dict[str, Any]:
+    meta = run_meta(ckpt)
+    cfg = meta.get("model_config") or ckpt.get("hyper_parameters", {}).get("model_cfg")
+    if not cfg:
+        raise ValueError(f"{ckpt.get('_path')}: no model config in the checkpoint (not from scalelab-train?)")
+    return dict(cfg)
+
+
+def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The Transformer's own weights (the LightningModule's ``model.`` prefix removed)."""
+    sd = ckpt["state_dict"]
+    out = {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
+    return out or dict(sd)
+
+
+def tokenizer_from_spec(spec: dict[str, Any]) -> Any:
+    """Rebuild the tokenizer a run used, from the plain spec saved in its checkpoint."""
+    from scalelab.data.config import TokenizerConfig
+    from scalelab.data.tokenizers import char_tokenizer, load_tokenizer
+
+    kind, name = spec.get("kind"), spec.get("name")
+    if kind == "seq2seq_char":
+        from scalelab.data.datamodules import CharVocab
+
+        return CharVocab(spec["chars"])
+    if name == "char" and "chars" in spec:
+        return char_tokenizer(spec["chars"])
+    if name == "bpe":
+        d = spec.get("dir")
+        if not d or not Path(d).is_dir():
+            raise FileNotFoundError(
+                f"the bpe tokenizer lives in the prepared data folder {d!r}, which is gone; "
+                "prepare the same data again (scalelab-data) to recreate it"
+            )
+        return load_tokenizer(d)
+    return load_tokenizer(TokenizerConfig(name=str(name)))

@@ -1,0 +1,63 @@
+"""`scalelab-export`: a checkpoint -> plain ``model.pt`` (state_dict) + ``config.json``.
+
+    scalelab-export outputs/<run>/checkpoints/last.ckpt --out exported/shakespeare
+    # then, anywhere with torch + scalelab.model (no Lightning needed):
+    cfg = ModelConfig.from_dict(json.load(open("exported/shakespeare/config.json"))["model_config"])
+    model = Transformer(cfg); model.load_state_dict(torch.load("exported/shakespeare/model.pt",
+                                                               weights_only=True))
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict, run_meta
+
+
+def export(checkpoint: str | Path, out: str | Path) -> Path:
+    """Write ``out/model.pt`` and ``out/config.json``; returns ``out``. Verifies the round trip."""
+    from scalelab.model import ModelConfig, Transformer
+
+    ckpt = load(checkpoint)
+    cfg = ModelConfig.from_dict(model_config_dict(ckpt))
+    sd = {k: v.detach().clone().contiguous() for k, v in model_state_dict(ckpt).items()}
+    Transformer(cfg).load_state_dict(sd)  # fails here, not later, if keys do not match
+    out = Path(out).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(sd, out / "model.pt")
+    meta = run_meta(ckpt)
+    info = {
+        "model_config": cfg.to_dict(),
+        "objective": meta.get("objective"),
+        "tokenizer": meta.get("tokenizer"),
+        "n_params": cfg.n_params(),
+        "global_step": ckpt.get("global_step"),
+        "mlflow_run_id": meta.get("mlflow_run_id"),
+        "source_checkpoint": ckpt["_path"],
+    }
+    (out / "config.json").write_text(json.dumps(info, indent=2) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="scalelab-export", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint", help="a .ckpt file or a run folder (uses checkpoints/last.ckpt)")
+    ap.add_argument("--out", required=True, help="folder for model.pt + config.json")
+    args = ap.parse_args(argv)
+    try:
+        out = export(args.checkpoint, args.out)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {out / 'model.pt'} and {out / 'config.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

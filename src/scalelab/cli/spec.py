@@ -1,0 +1,178 @@
+"""Turn the composed Hydra config into validated component configs, before any IO.
+
+Everything that can be wrong with a config is found here: the component dataclasses run their
+own validation (ModelConfig, DataConfig, TokenizerConfig, OptimConfig), the objective must fit
+the architecture, the batch must split over the devices, the run needs a length. No data is
+read and no MLflow run exists yet when this raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from scalelab.data.config import DataConfig, TokenizerConfig
+from scalelab.model import ModelConfig
+from scalelab.training.batch import BatchPlan, derive_batch, steps_from_budget
+from scalelab.training.config import OptimConfig
+from scalelab.training.schedules import build_lr_lambda
+
+OBJECTIVE_FOR_ARCH = {"decoder": "causal", "encoder": "mlm", "encoder_decoder": "seq2seq"}
+LOGGER_BACKENDS = ("mlflow", "none")
+VOCAB_PLACEHOLDER = 256  # validates a model whose vocab_size comes from the tokenizer later
+
+
+@dataclass
+class RunSpec:
+    """What one training run is, fully validated (model vocab may still be a placeholder)."""
+
+    model_fields: dict[str, Any]  # ModelConfig fields as configured (vocab_size may be None)
+    model: ModelConfig  # validated; vocab_size is a placeholder when model_fields says None
+    data: DataConfig
+    tokenizer: TokenizerConfig
+    optim: OptimConfig
+    objective: str
+    block_size: int
+    world_size: int
+    batch: BatchPlan
+    max_steps: int
+    val_every: int
+
+    def with_vocab(self, vocab_size: int) -> ModelConfig:
+        """The real ModelConfig once the tokenizer's vocabulary is known."""
+        configured = self.model_fields.get("vocab_size")
+        if configured is not None and configured < vocab_size:
+            raise ValueError(
+                f"model.vocab_size={configured} is smaller than the tokenizer's vocabulary "
+                f"({vocab_size} ids); set model.vocab_size=null to take it from the tokenizer"
+            )
+        fields = dict(self.model_fields, vocab_size=configured or vocab_size)
+        return ModelConfig(**fields)
+
+
+def _container(node: Any) -> dict[str, Any]:
+    return OmegaConf.to_container(node, resolve=True) if node is not None else {}  # type: ignore[return-value]
+
+
+def world_size_of(trainer_cfg: DictConfig) -> int:
+    """Processes in the run: devices per node x nodes (devices=auto counts what is visible;
+    under torchrun, its WORLD_SIZE)."""
+    devices = trainer_cfg.devices
+    if OmegaConf.is_list(devices):
+        devices = list(devices)
+    accel, n_nodes = str(trainer_cfg.accelerator), int(trainer_cfg.num_nodes)
+    try:  # the scale-out layer knows torchrun/SLURM layouts
+        from scalelab.training.distributed import resolve_devices
+    except ImportError:
+        resolve_devices = None
+    if resolve_devices is not None:
+        return int(resolve_devices(accel, devices, n_nodes)[2])
+    if isinstance(devices, list):
+        per_node = len(devices)
+    elif str(devices) in ("auto", "-1"):
+        import torch
+
+        gpu = accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
+        per_node = max(torch.cuda.device_count(), 1) if gpu else 1
+    elif "," in str(devices):
+        per_node = len([d for d in str(devices).split(",") if d.strip()])
+    else:
+        per_node = int(devices)
+    if per_node < 1:
+        raise ValueError(f"trainer.devices={devices!r}: need at least one device")
+    return per_node * n_nodes
+
+
+def build_spec(cfg: DictConfig) -> RunSpec:
+    """Validate every component of ``cfg``; raises ValueError naming the key and the fix."""
+    model_fields = _container(cfg.model)
+    probe_fields = dict(model_fields)
+    if probe_fields.get("vocab_size") is None:
+        probe_fields["vocab_size"] = VOCAB_PLACEHOLDER
+    model = ModelConfig(**probe_fields)
+    data = DataConfig(**_container(cfg.data))
+    tokenizer = TokenizerConfig(**_container(cfg.tokenizer))
+    optim = OptimConfig(**_container(cfg.optim))
+
+    objective = cfg.objective or OBJECTIVE_FOR_ARCH[model.arch]
+    if objective not in OBJECTIVE_FOR_ARCH.values():
+        raise ValueError(f"objective={objective!r}: choose causal, mlm or seq2seq (or null)")
+    if OBJECTIVE_FOR_ARCH[model.arch] != objective:
+        raise ValueError(
+            f"objective={objective} does not fit model.arch={model.arch}: causal needs "
+            "decoder, mlm needs encoder, seq2seq needs encoder_decoder (objective=null picks it)"
+        )
+    if (objective == "seq2seq") != data.is_seq2seq:
+        need = "a seq2seq source (data=synthetic_seq2seq or data=parallel_text)" \
+            if objective == "seq2seq" else "a text corpus, not a seq2seq source"
+        raise ValueError(f"data.name={data.name}: objective={objective} needs {need}")
+
+    t = cfg.train
+    block = int(t.block_size)
+    if block < 1:
+        raise ValueError(f"train.block_size={block}: must be >= 1")
+    if objective != "seq2seq" and block > model.max_seq_len:
+        raise ValueError(
+            f"train.block_size={block} exceeds model.max_seq_len={model.max_seq_len}; lower "
+            "train.block_size or raise model.max_seq_len"
+        )
+    world = world_size_of(cfg.trainer)
+    batch = derive_batch(int(t.global_batch_size), t.micro_batch_size, world, block,
+                         unit=str(t.batch_unit))
+    if cfg.trainer.max_steps is not None:
+        steps = int(cfg.trainer.max_steps)
+    elif t.max_steps is not None:
+        steps = int(t.max_steps)
+    elif t.max_tokens is not None:
+        steps = steps_from_budget(int(t.max_tokens), batch.tokens_per_step)
+    else:
+        raise ValueError(
+            "the run has no length: set train.max_steps=N or train.max_tokens=N "
+            "(or trainer.max_steps=N)"
+        )
+    if steps < 1:
+        raise ValueError(f"max_steps={steps}: the run needs at least one optimizer step")
+    build_lr_lambda(optim, steps)  # warmup longer than the run etc.
+    if int(t.val_every) < 1:
+        raise ValueError(f"train.val_every={t.val_every}: must be >= 1 (optimizer steps)")
+    if int(t.val_batches) < 1:
+        raise ValueError(f"train.val_batches={t.val_batches}: must be >= 1")
+    if cfg.logger.backend not in LOGGER_BACKENDS:
+        raise ValueError(f"logger.backend={cfg.logger.backend!r}: choose mlflow or none (logger=none)")
+    return RunSpec(
+        model_fields=model_fields, model=model, data=data, tokenizer=tokenizer, optim=optim,
+        objective=objective, block_size=block, world_size=world, batch=batch, max_steps=steps,
+        val_every=min(int(t.val_every), steps),
+    )
+
+
+def plain(obj: Any) -> Any:
+    """Dataclasses, tuples and numpy scalars -> dict/list/int/float/str (torch weights_only safe)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 1) == 0:
+        return obj.item()
+    if OmegaConf.is_config(obj):
+        return OmegaConf.to_container(obj, resolve=True)
+    if hasattr(obj, "__fspath__"):
+        return str(obj)
+    try:
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            return obj
+    except ImportError:  # pragma: no cover
+        pass
+    return repr(obj)
+
+
+__all__ = ["OBJECTIVE_FOR_ARCH", "RunSpec", "build_spec", "plain", "world_size_of"]

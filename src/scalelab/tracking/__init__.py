@@ -1,0 +1,35 @@
+"""All MLflow code lives here (no other package imports mlflow).
+
+    from scalelab.tracking import Tracker, NullTracker, is_global_zero, repo_root
+
+``rank`` and ``root`` are cheap; ``Tracker`` (which imports mlflow, ~1-2 s) loads on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scalelab.tracking.rank import global_rank, is_global_zero
+from scalelab.tracking.root import conf_dir, repo_root
+
+__all__ = [
+    "NullTracker",
+    "Tracker",
+    "conf_dir",
+    "global_rank",
+    "is_global_zero",
+    "repo_root",
+    "run_params",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Tracker", "NullTracker"):
+        from scalelab.tracking import run
+
+        return getattr(run, name)
+    if name == "run_params":
+        from scalelab.tracking.params import run_params
+
+        return run_params
+    raise AttributeError(f"module 'scalelab.tracking' has no attribute {name!r}")

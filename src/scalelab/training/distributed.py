@@ -1,0 +1,344 @@
+"""Many devices on Lightning's own strategies: DDP, FSDP, torchrun, SLURM.
+
+Nothing here launches or schedules jobs itself. It only fixes what Lightning's popen launcher does
+when the entry point is a Hydra app, builds the strategy from the trainer config, and converts
+FSDP's sharded checkpoints into plain ones.
+
+Why a custom launcher: Lightning starts ranks 1..N-1 by re-running ``sys.argv`` (see
+``lightning_fabric/strategies/launchers/subprocess_script.py``). Inside ``--multirun`` that argv
+holds ``--multirun`` and the whole sweep, so every rank relaunches the sweep (Lightning #11300,
+lightning-hydra-template #393); inside a joblib or submitit worker ``sys.argv``/``__main__`` is the
+worker's, not ours. Our launcher takes a ``child_command(local_rank) -> (argv, cwd)`` callable
+from the CLI, which rebuilds the command for exactly the current job (the Hydra part lives in
+``scalelab.cli.hydra_ddp`` so this layer stays free of Hydra).
+
+Lightning also leaves ``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_PORT`` in ``os.environ`` and the
+process group alive after ``fit``; the next job of a sweep in the same process (basic launcher,
+a reused joblib worker) would then believe it runs under an external launcher and hang.
+:func:`release_distributed` undoes that at the end of a job (and :func:`build_strategy` calls it
+before building a new strategy, as a safety net).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning_fabric.plugins import ClusterEnvironment
+from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, Strategy
+from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+# (argv, cwd) of the process that becomes local rank ``local_rank`` of the current job.
+ChildCommand = Callable[[int], tuple[Sequence[str], str | None]]
+
+# Env vars Lightning's launcher writes into the parent; restored by release_distributed().
+_LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+_saved_env: dict[str, str | None] | None = None
+_children: list[subprocess.Popen] = []
+
+class HydraAwareLauncher(_SubprocessScriptLauncher):
+    """Lightning's popen launcher, with the child command supplied by the caller."""
+
+    def __init__(self, cluster_environment: ClusterEnvironment, num_processes: int,
+                 num_nodes: int, child_command: ChildCommand) -> None:
+        super().__init__(cluster_environment, num_processes, num_nodes)
+        self.child_command = child_command
+
+    def _call_children_scripts(self) -> None:
+        global _saved_env
+        self._check_can_spawn_children()
+        self.procs = []
+        if _saved_env is None:
+            _saved_env = {k: os.environ.get(k) for k in _LAUNCH_ENV}
+        env = self.cluster_environment
+        # Same variables and values as Lightning's own launcher.
+        os.environ["MASTER_ADDR"] = env.main_address
+        os.environ["MASTER_PORT"] = str(env.main_port)
+        os.environ["NODE_RANK"] = str(env.node_rank())
+        os.environ["LOCAL_RANK"] = str(env.local_rank())
+        os.environ["WORLD_SIZE"] = str(self.num_processes * self.num_nodes)
+        for local_rank in range(1, self.num_processes):
+            child_env = os.environ.copy()
+            child_env["LOCAL_RANK"] = str(local_rank)
+            if os.environ.get("PL_GLOBAL_SEED") is None:
+                child_env.pop("PL_GLOBAL_SEED", None)
+            argv, cwd = self.child_command(local_rank)
+            proc = subprocess.Popen(list(argv), env=child_env, cwd=cwd)
+            self.procs.append(proc)
+            _children.append(proc)
+
+
+class ScalelabDDPStrategy(DDPStrategy):
+    """DDPStrategy whose popen launcher starts ranks through ``child_command``."""
+
+    def __init__(self, *args: Any, child_command: ChildCommand | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.child_command = child_command
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if self.child_command is not None and self._start_method == "popen":
+            assert self.cluster_environment is not None
+            self._launcher = HydraAwareLauncher(self.cluster_environment, self.num_processes,
+                                                self.num_nodes, self.child_command)
+
+
+class ScalelabFSDPStrategy(FSDPStrategy):
+    """FSDPStrategy whose popen launcher starts ranks through ``child_command``.
+
+    Note: Lightning's "FSDP needs a GPU accelerator" check only fires for the exact class
+    FSDPStrategy, so :func:`build_strategy` repeats it for this subclass.
+    """
+
+    def __init__(self, *args: Any, child_command: ChildCommand | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.child_command = child_command
+
+    def setup(self, trainer: Any) -> None:
+        # FSDP1 with use_orig_params=True (Lightning's default) turns each parameter into a flat
+        # 1-D view of this rank's shard, so "is it a matrix?" (which parameters get weight decay,
+        # training/optim.py) must be answered before wrapping: remember the original ndim.
+        tag_original_ndim(trainer.lightning_module)
+        super().setup(trainer)
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if self.child_command is not None and self._launcher is not None:
+            assert self.cluster_environment is not None
+            self._launcher = HydraAwareLauncher(self.cluster_environment, self.num_processes,
+                                                self.num_nodes, self.child_command)
+
+
+ORIG_NDIM = "scalelab_orig_ndim"  # attribute on each nn.Parameter, read by training/optim.py
+
+
+def tag_original_ndim(module: torch.nn.Module) -> None:
+    """Record every parameter's ndim before FSDP flattens it (see ScalelabFSDPStrategy.setup)."""
+    for p in module.parameters():
+        if not hasattr(p, ORIG_NDIM):
+            setattr(p, ORIG_NDIM, p.ndim)
+
+
+def release_distributed(wait_s: float = 120.0) -> None:
+    """End of a job: wait for the ranks we started, drop the process group, restore the env.
+
+    A no-op unless this process launched ranks (so safe to call always).
+    """
+    global _saved_env
+    if _saved_env is None:
+        return
+    deadline = time.monotonic() + wait_s
+    for proc in _children:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    _children.clear()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    for key, value in _saved_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _saved_env = None
+
+
+# --- which processes, how many --------------------------------------------------------------
+
+
+def launched_by_torchrun() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_torchelastic_launched()
+
+
+def torchrun_layout() -> tuple[int, int] | None:
+    """(processes per node, nodes) when torchrun started this process, else None.
+
+    Lightning's TorchElasticEnvironment insists that trainer.devices x trainer.num_nodes equals
+    torchrun's WORLD_SIZE; the CLI fills ``devices: auto`` from this, so
+    ``torchrun --nproc_per_node=N -m scalelab.cli.train trainer=ddp`` needs no other flag.
+    """
+    if not launched_by_torchrun():
+        return None
+    local = int(os.environ["LOCAL_WORLD_SIZE"])
+    return local, max(1, int(os.environ["WORLD_SIZE"]) // local)
+
+
+def resolve_devices(accelerator: str, devices: Any, num_nodes: int = 1) -> tuple[Any, int, int]:
+    """(devices, num_nodes, world_size) before the Trainer exists, so the batch can be derived.
+
+    ``devices="auto"``/``-1`` mean every visible device (CPU: one process, like Lightning).
+    Under torchrun, ``auto`` takes the layout from torchrun (:func:`torchrun_layout`).
+    """
+    if num_nodes is None or int(num_nodes) < 1:
+        raise ValueError(f"trainer.num_nodes={num_nodes!r}: must be a positive integer")
+    num_nodes = int(num_nodes)
+    layout = torchrun_layout()
+    if layout is not None and str(devices) in ("auto", "-1", "None"):
+        return layout[0], layout[1], layout[0] * layout[1]
+    if isinstance(devices, (list, tuple)):
+        count = len(devices)
+    elif str(devices) in ("auto", "-1", "None"):
+        gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+        count = max(1, torch.cuda.device_count()) if gpu else 1
+    elif isinstance(devices, str) and "," in devices:  # "0,1" / "3,": these device indices
+        count = len([p for p in devices.split(",") if p.strip()])
+    else:
+        try:
+            count = int(devices)
+        except (TypeError, ValueError):
+            raise ValueError(f"trainer.devices={devices!r}: use an integer, 'auto', or a list "
+                             "of device ids") from None
+    if count < 1:
+        raise ValueError(f"trainer.devices={devices!r}: need at least one device")
+    return devices, num_nodes, count * num_nodes
+
+
+# --- building the strategy ------------------------------------------------------------------
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def block_classes() -> set[type[torch.nn.Module]]:
+    """The transformer block classes FSDP wraps one by one (and checkpoints activations of)."""
+    from scalelab.model.blocks import Block, CrossBlock
+
+    return {Block, CrossBlock}
+
+
+def fsdp_mixed_precision(spec: dict[str, Any] | None) -> Any:
+    """MixedPrecision from ``{param_dtype, reduce_dtype, buffer_dtype}``; None = from precision."""
+    if not spec:
+        return None
+    from torch.distributed.fsdp import MixedPrecision
+
+    kw = {}
+    for key in ("param_dtype", "reduce_dtype", "buffer_dtype"):
+        name = spec.get(key)
+        if name is None:
+            continue
+        if name not in _DTYPES:
+            raise ValueError(f"trainer.fsdp.mixed_precision.{key}={name!r}: choose one of "
+                             f"{sorted(_DTYPES)}")
+        kw[key] = _DTYPES[name]
+    return MixedPrecision(**kw)
+
+
+def build_strategy(
+    strategy: str,
+    accelerator: str,
+    *,
+    fsdp: dict[str, Any] | None = None,
+    ddp: dict[str, Any] | None = None,
+    child_command: ChildCommand | None = None,
+) -> str | Strategy:
+    """The Trainer's ``strategy=`` argument for a config value.
+
+    ``ddp``: gloo on CPU, nccl on GPU (Lightning's choice); ``fsdp``: one FSDP unit per transformer
+    block, MixedPrecision from ``fsdp.mixed_precision`` (or the Trainer precision), and
+    ``fsdp.state_dict_type`` (``sharded`` = each rank writes its shard, resumable; convert with
+    :func:`consolidate_checkpoint`). Anything else goes to Lightning unchanged. Under torchrun
+    or SLURM Lightning picks TorchElasticEnvironment / SLURMEnvironment and starts no processes.
+    """
+    release_distributed()  # a previous job in this process may have left its ranks' state
+    ddp = dict(ddp or {})
+    if strategy == "ddp":
+        return ScalelabDDPStrategy(child_command=child_command, **ddp)
+    if strategy == "fsdp":
+        if accelerator not in ("gpu", "cuda"):
+            raise ValueError(
+                f"trainer.strategy=fsdp needs trainer.accelerator=gpu (got {accelerator!r}); "
+                "Lightning's FSDP runs on CUDA only. Use trainer=ddp on CPU."
+            )
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        opts = dict(fsdp or {})
+        wrap = opts.pop("auto_wrap", "block")
+        if wrap not in ("block", None, "none"):
+            raise ValueError(f"trainer.fsdp.auto_wrap={wrap!r}: choose 'block' or null")
+        policy = ModuleWrapPolicy(block_classes()) if wrap == "block" else None
+        ckpt = block_classes() if opts.pop("activation_checkpointing", False) else None
+        return ScalelabFSDPStrategy(
+            child_command=child_command,
+            auto_wrap_policy=policy,
+            activation_checkpointing_policy=ModuleWrapPolicy(ckpt) if ckpt else None,
+            mixed_precision=fsdp_mixed_precision(opts.pop("mixed_precision", None)),
+            sharding_strategy=opts.pop("sharding_strategy", "FULL_SHARD"),
+            state_dict_type=opts.pop("state_dict_type", "sharded"),
+            cpu_offload=opts.pop("cpu_offload", False),
+            **opts,
+        )
+    return strategy
+
+
+# --- FSDP sharded checkpoints ---------------------------------------------------------------
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """A folder written by FSDP with state_dict_type=sharded (torch.distributed.checkpoint)."""
+    p = Path(path)
+    return p.is_dir() and (p / ".metadata").is_file()
+
+
+def consolidate_checkpoint(sharded: str | Path, output: str | Path | None = None,
+                           ) -> Path:
+    """Merge a sharded FSDP checkpoint folder into one ordinary Lightning ``.ckpt`` file.
+
+    Same as ``python -m pytorch_lightning.utilities.consolidate_checkpoint DIR``: the result has
+    ``state_dict`` and ``optimizer_states`` like a single-device checkpoint, so sampling and
+    export load it with ``torch.load(weights_only=True)`` and a non-FSDP run can resume from it.
+    Runs on CPU in one process. Default output: ``<folder>.consolidated.ckpt`` next to it.
+    """
+    from lightning_fabric.utilities.load import _load_distributed_checkpoint
+    from pytorch_lightning.utilities.consolidate_checkpoint import _format_checkpoint
+
+    src = Path(sharded)
+    if not is_sharded_checkpoint(src):
+        raise FileNotFoundError(
+            f"{src} is not a sharded checkpoint folder (no .metadata inside); pass the folder "
+            "that trainer.strategy=fsdp with trainer.fsdp.state_dict_type=sharded wrote"
+        )
+    out = Path(output) if output is not None else src.with_name(src.name + ".consolidated.ckpt")
+    checkpoint = _format_checkpoint(_load_distributed_checkpoint(src))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save(checkpoint, tmp)
+    tmp.replace(out)
+    return out
+
+
+# --- one local job per device (joblib) ------------------------------------------------------
+
+
+def claim_device(lock_dir: str | Path, n_devices: int, timeout_s: float = 3600.0) -> tuple[int, Any]:
+    """Take the first free device index in ``range(n_devices)`` for this process.
+
+    Parallel jobs on one machine (``hydra/launcher=joblib hydra.launcher.n_jobs=<GPUs>``) each call
+    this and get distinct indices; the claim is an OS file lock, released when the process exits
+    or the returned handle is closed (so a crashed job frees its device).
+    """
+    d = Path(lock_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for i in range(n_devices):
+            fh = open(d / f"device{i}.lock", "a+")  # noqa: SIM115 - held for the job's lifetime
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return i, fh
+            except BlockingIOError:
+                fh.close()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no free device among {n_devices} after {timeout_s:.0f}s "
+                               f"(locks in {d}); lower hydra.launcher.n_jobs")
+        time.sleep(1.0)

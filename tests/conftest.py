@@ -1,0 +1,134 @@
+"""Shared test fixtures: the shared data folder, a real MLflow server, and a `scalelab-train` runner."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """<repo>/../shared/data (tinyshakespeare.txt lives there); env SCALELAB_SHARED_DATA overrides."""
+    d = Path(
+        os.environ.get("SCALELAB_SHARED_DATA")
+        or Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    )
+    if not (d / "tinyshakespeare.txt").exists():
+        pytest.fail(
+            f"shared test data not found: {d}/tinyshakespeare.txt; set SCALELAB_SHARED_DATA "
+            f"to the folder holding tinyshakespeare.txt"
+        )
+    return d
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """ONE real `mlflow server` (SQLite backend, proxied artifacts) for the whole session.
+
+    Started on first use (5-10 s, ~1 GB), stopped (its whole process group) at the end.
+    Yields its URL, e.g. http://127.0.0.1:54321.
+    """
+    d = tmp_path_factory.mktemp("mlflow_server")
+    port = free_port()
+    mlflow_bin = VENV_BIN / "mlflow"
+    cmd = [
+        str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "server",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
+        "--artifacts-destination", str(d / "artifacts"),
+        "--workers", "1",
+    ]
+    log = open(d / "server.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    try:
+        while not _healthy(url):
+            if proc.poll() is not None or time.time() > deadline:
+                log.flush()
+                pytest.fail(f"mlflow server did not start: {(d / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+        log.close()
+
+
+def train_env(**extra: str) -> dict[str, str]:
+    """Environment for a `scalelab-train` subprocess: no ambient MLflow URI, quiet, unbuffered."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env.update(PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1", TQDM_DISABLE="1")
+    env.update(extra)
+    return env
+
+
+def train_cmd(*overrides: str) -> list[str]:
+    return [sys.executable, "-m", "scalelab.cli.train", *overrides]
+
+
+def run_train(*overrides: str, cwd: Path | None = None, timeout: float = 300,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `scalelab-train` in a subprocess and return the finished process (text output)."""
+    return subprocess.run(
+        train_cmd(*overrides), cwd=cwd or REPO, env=env or train_env(), capture_output=True,
+        text=True, timeout=timeout,
+    )
+
+
+def isolated(tmp: Path, *, tracking_uri: str | None = None, data_dir: Path | None = None) -> list[str]:
+    """Overrides that keep a test run's outputs and MLflow store in ``tmp``.
+
+    The token cache defaults to the repo's data_cache/ (shared between tests: prepared once).
+    """
+    uri = tracking_uri or f"sqlite:///{tmp / 'mlruns.db'}"
+    return [
+        f"paths.log_dir={tmp / 'outputs'}",
+        f"paths.data_dir={data_dir or REPO / 'data_cache'}",
+        f"logger.tracking_uri={uri}",
+        f"logger.artifact_root={tmp / 'mlartifacts'}",
+        "trainer.enable_progress_bar=false",
+    ]
+
+
+@pytest.fixture(scope="session")
+def train_cli() -> object:
+    """Helpers for tests that drive `scalelab-train` in subprocesses (no import paths needed):
+    train_cli.run(*overrides, cwd=, timeout=, env=), .isolated(tmp, tracking_uri=), .env(**kw),
+    .cmd(*overrides), .repo."""
+    import types
+
+    return types.SimpleNamespace(run=run_train, isolated=isolated, env=train_env, cmd=train_cmd,
+                                 repo=REPO)

@@ -1,0 +1,86 @@
+"""Tracker against an embedded SQLite store: statuses, resume dedup, parent runs, the fast probe."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from scalelab.tracking.store import experiment_artifact_location, probe, resolve_tracking_uri
+
+
+def test_probe_of_a_dead_server_fails_within_seconds() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match="unreachable"):
+        probe(f"http://127.0.0.1:{port}", timeout=2.0)
+    assert time.time() - t0 < 5
+
+
+def test_local_stores_are_not_probed_and_paths_are_absolute(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    probe(f"sqlite:///{tmp_path}/x.db")
+    assert resolve_tracking_uri(None, tmp_path) == f"sqlite:///{tmp_path / 'mlruns.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example:5000")
+    assert resolve_tracking_uri(None, tmp_path) == "http://example:5000"
+    assert resolve_tracking_uri("sqlite:///a.db", tmp_path) == "sqlite:///a.db"
+    loc = experiment_artifact_location("sqlite:///x.db", str(tmp_path / "arts"), "my exp/1")
+    assert loc == (tmp_path / "arts" / "my_exp_1").as_uri()
+    assert experiment_artifact_location("http://h:1", str(tmp_path), "e") is None
+
+
+@pytest.mark.slow
+def test_tracker_statuses_parent_and_resume(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from scalelab.tracking.run import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    arts = str(tmp_path / "mlartifacts")
+
+    def start(**kw):
+        return Tracker.start(uri, "unit", "r", {"k": "v"}, artifact_root=arts, **kw)
+
+    ok = start()
+    with ok.status_guard():
+        ok.log_params({"a": 1, "b": None})
+        ok.log_metrics({"x": 1.0}, step=1)
+    client = MlflowClient(uri)
+    run = client.get_run(ok.run_id)
+    assert run.info.status == "FINISHED" and run.data.params == {"a": "1", "b": "None"}
+    assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())
+
+    failed = start(parent_run_id=ok.run_id)
+    with pytest.raises(ValueError), failed.status_guard():
+        raise ValueError("boom")
+    run = client.get_run(failed.run_id)
+    assert run.info.status == "FAILED" and run.data.tags["mlflow.parentRunId"] == ok.run_id
+
+    killed = start()
+    with pytest.raises(KeyboardInterrupt), killed.status_guard():
+        raise KeyboardInterrupt
+    assert client.get_run(killed.run_id).info.status == "KILLED"
+
+    # resume: same run, params kept, steps already logged are skipped by the Lightning logger
+    first = start()
+    first.log_params({"lr": 0.1})
+    logger = first.lightning_logger()
+    logger.log_metrics({"train/loss": 3.0}, step=1)
+    logger.log_metrics({"train/loss": 2.0}, step=2)
+    again = start(resume_run_id=first.run_id)
+    assert again.run_id == first.run_id and again.resumed
+    again.log_params({"lr": 0.2})  # ignored: mlflow forbids changing a param
+    logger = again.lightning_logger()
+    logger.log_metrics({"train/loss": 9.0}, step=2)  # replayed step after the checkpoint
+    logger.log_metrics({"train/loss": 1.0}, step=3)
+    hist = sorted((m.step, m.value) for m in client.get_metric_history(first.run_id, "train/loss"))
+    assert hist == [(1, 3.0), (2, 2.0), (3, 1.0)]
+    assert client.get_run(first.run_id).data.params["lr"] == "0.1"
+    with pytest.raises(RuntimeError, match="not in"):
+        start(resume_run_id="0" * 32)

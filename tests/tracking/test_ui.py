@@ -1,0 +1,62 @@
+"""`make ui` (python -m scalelab.tracking.ui) serves the store on 127.0.0.1 and prints its URL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+
+def test_dry_run_prints_the_command(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "scalelab.tracking.ui", "--dry-run", "--store",
+                        f"sqlite:///{tmp_path}/m.db", "--port", "5123"],
+                       capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+    assert r.returncode == 0, r.stderr
+    assert "open http://127.0.0.1:5123" in r.stdout
+    assert f"--backend-store-uri sqlite:///{tmp_path}/m.db" in r.stdout and "--host 127.0.0.1" in r.stdout
+
+
+@pytest.mark.slow
+def test_ui_serves_the_store(tmp_path: Path) -> None:
+    from conftest import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scalelab.tracking.ui", "--port", str(port), "--store",
+         f"sqlite:///{tmp_path}/m.db", "--artifacts", str(tmp_path / "arts")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, "UI did not come up"
+            time.sleep(0.5)
+        req = url + "/api/2.0/mlflow/experiments/search?max_results=10"
+        with urllib.request.urlopen(req, timeout=10) as r:
+            names = [e["name"] for e in json.load(r)["experiments"]]
+        assert "Default" in names
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate(timeout=20)
+    assert f"open {url}" in out
