@@ -1,0 +1,349 @@
+"""`scalelab-sweep`: plan, run, fit and report a scaling-law study (`make sweep`).
+
+    scalelab-sweep                                   # sweep=cpu_small (conf/sweep/cpu_small.yaml)
+    scalelab-sweep --plan-only sweep=cpu_tiny        # print the plan table; run nothing
+    scalelab-sweep sweep=cpu_tiny sweep.budgets=[1e10,3e10] sweep.sizes_per_budget=4
+    scalelab-sweep sweep=cpu_small model.mlp=gelu,swiglu    # variant axis: one law per variant
+    scalelab-sweep sweep=h200 trainer.devices=1             # other keys reach every training run
+    scalelab-sweep sweep=cpu_small hydra/launcher=joblib hydra.launcher.n_jobs=2   # 2 at a time
+
+`sweep.*` overrides configure the study; every other override is appended to
+sweep.train_overrides (a comma list such as model.norm_position=pre,post becomes a variant
+axis). Rerunning the same command reuses the sweep folder and MLflow parent run and skips the
+points that already finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+GROUPS_NOT_VARIANTS = "a variant axis must name a field (model.mlp=gelu,swiglu), not a config group"
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], list[str], dict[str, list[Any]],
+                                                   list[str]]:
+    """-> (sweep config overrides, training overrides, variant axes from comma lists,
+    launcher overrides: `hydra/launcher=joblib` and `hydra.launcher.*` for the multirun)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    sweep_ov, train_ov, variants, launch_ov = [], [], {}, []
+    for text in overrides:
+        try:
+            o = parser.parse_override(text)
+        except HydraException as e:
+            raise ValueError(f"cannot parse override {text!r}: {e}. Quote list items that "
+                             "contain '=', e.g. 'sweep.train_overrides=[\"model.mlp=swiglu\"]'"
+                             ) from None
+        key = o.key_or_group
+        if key == "sweep" or key.startswith("sweep."):
+            sweep_ov.append(text)
+        elif key == "hydra/launcher" or key.startswith("hydra."):
+            launch_ov.append(text)
+        elif o.is_sweep_override():
+            if "." not in key:
+                raise ValueError(f"{text}: {GROUPS_NOT_VARIANTS}")
+            values = getattr(o.value(), "list", None)
+            if values is None:
+                raise ValueError(f"{text}: only comma lists (a,b,c) make a variant axis")
+            variants[key] = list(values)
+        else:
+            train_ov.append(text)
+    return sweep_ov, train_ov, variants, launch_ov
+
+
+def _fmt_s(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def print_plan(plan: Any, estimates: list[float] | None, console: Any,
+               parallel: int = 1) -> None:
+    from rich.table import Table
+
+    multi = len(plan.variants) > 1
+    t = Table(title=f"sweep plan: {len(plan.points)} runs, "
+                    f"{plan.total_compute:.3g} training FLOPs in all", show_lines=False)
+    cols = ["point"] + (["variant"] if multi else []) + [
+        "C (FLOPs)", "N (matmul)", "N non-emb", "N total", "d", "L", "heads", "D (tokens)",
+        "D/N", "steps", "lr", "warmup"] + (["est. time"] if estimates else [])
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("point", "variant") else "right")
+    for i, p in enumerate(plan.points):
+        row = [p.name] + ([p.variant] if multi else []) + [
+            f"{p.budget:.3g}", f"{p.n_params_matmul:,}", f"{p.n_params_non_embedding:,}",
+            f"{p.n_params:,}", str(p.d_model), str(p.n_layers), str(p.n_heads), f"{p.tokens:,}",
+            f"{p.tokens / p.n_params_matmul:.1f}", str(p.steps), f"{p.lr:.2e}",
+            str(p.warmup_steps)] + ([_fmt_s(estimates[i])] if estimates else [])
+        t.add_row(*row)
+    console.print(t)
+    s = plan.spec
+    console.print(
+        f"tokens/step {plan.tokens_per_step:,} (T={plan.seq_len}); lr rule {s.lr_rule} "
+        f"(lr={s.lr:g}" + (f" x {s.base_width}/d, max {s.max_lr:g}" if s.lr_rule != "fixed" else "")
+        + f"); warmup ~{s.warmup_tokens_per_param:g} N tokens, <= {s.max_warmup_fraction:.0%} of "
+        f"steps; cosine to {s.min_lr_ratio:g}x; AdamW beta2={s.beta2:g}; N convention "
+        f"{s.n_convention}; FLOPs = 6N + 12LTd from ModelConfig")
+    if estimates:
+        total = sum(estimates)
+        par = f"; {_fmt_s(total / parallel)} with {parallel} runs at a time" if parallel > 1 else ""
+        console.print(f"estimated wall time: {_fmt_s(total)} one run after another{par} "
+                      "(throughput of each size measured here + start-up per run)")
+
+
+def _estimates(plan: Any, base: Any, settings: Any, console: Any) -> list[float] | None:
+    if not settings.estimate_time:
+        return None
+    if base.accelerator not in ("cpu", "auto"):
+        console.print(f"[dim]no wall-time estimate: the runs use accelerator="
+                      f"{base.accelerator}, this process times the CPU[/dim]")
+        return None
+    from scalelab.scaling.plan import estimate_seconds, measure_flops_per_s
+
+    t0 = time.time()
+    fps = measure_flops_per_s(plan, base.micro_batch, threads=base.cfg.train.num_threads)
+    console.print(f"[dim]measured training throughput of {len(fps)} sizes in "
+                  f"{time.time() - t0:.1f} s: {min(fps.values()):.2g}-{max(fps.values()):.2g} "
+                  "FLOP/s[/dim]")
+    return estimate_seconds(plan, fps, settings.run_overhead_s)
+
+
+def _parallel_jobs(settings: Any) -> int:
+    """Runs at a time: hydra.launcher.n_jobs of the joblib launcher, else 1."""
+    if settings.launcher != "hydra" or settings.hydra_launcher != "joblib":
+        return 1
+    n = -1  # the joblib preset's default: one job per core
+    for o in settings.launcher_overrides:
+        if o.startswith("hydra.launcher.n_jobs="):
+            n = int(o.split("=", 1)[1])
+    import os
+
+    return max(1, os.cpu_count() or 1) if n < 1 else n
+
+
+def run(argv: list[str]) -> int:
+    from rich.console import Console
+
+    ap = argparse.ArgumentParser(
+        prog="scalelab-sweep", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--plan-only", action="store_true", help="print the plan and exit")
+    ap.add_argument("--cfg", action="store_true", help="print the composed sweep config and exit")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides (sweep.* or training keys)")
+    args = ap.parse_args(argv)
+    # a wide table even when stdout is a file or a pipe (rich would wrap at 80 columns)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    t_start = time.time()
+
+    from scalelab.scaling.run import (
+        SweepRunner,
+        build_plan,
+        compose,
+        resolve_base,
+        save_plan,
+        split_settings,
+        sweep_dir_of,
+    )
+
+    sweep_ov, train_ov, variants, launch_ov = split_overrides(args.overrides)
+    try:
+        cfg = compose("sweep", sweep_ov)
+    except Exception as e:
+        raise ValueError(f"sweep overrides {sweep_ov}: {e}") from None
+    if args.cfg:
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    spec, family, settings = split_settings(OmegaConf.to_container(cfg.sweep, resolve=True))
+    settings.train_overrides += train_ov
+    for o in launch_ov:  # hydra/launcher=joblib picks the launcher; hydra.* keys configure it
+        if o.startswith("hydra/launcher="):
+            settings.hydra_launcher = o.split("=", 1)[1]
+            settings.launcher = "hydra"
+        else:
+            settings.launcher_overrides.append(o)
+    if variants:
+        spec.variants = {**spec.variants, **variants}
+    plan_only = args.plan_only or settings.plan_only
+
+    console.print(f"[bold]scalelab-sweep[/bold] {settings.name}: preparing the base config "
+                  f"({' '.join(settings.train_overrides) or 'defaults'})")
+    base = resolve_base(settings.train_overrides)
+    plan = build_plan(spec, family, settings, base)
+    estimates = _estimates(plan, base, settings, console)
+    print_plan(plan, estimates, console, _parallel_jobs(settings))
+    sweep_dir = sweep_dir_of(settings, base)
+    if plan_only:
+        console.print(f"plan only: nothing ran. Run it with: scalelab-sweep "
+                      f"{' '.join(argv_without_plan_only(args.overrides))}".rstrip())
+        return 0
+
+    from scalelab.tracking.sweep import SweepParent
+
+    plan_files = save_plan(plan, sweep_dir, estimates)
+    experiment = settings.experiment_name or f"sweep_{settings.name}"
+    parent = SweepParent.open(base.tracking_uri, experiment, settings.name, base.artifact_root)
+    console.print(f"MLflow parent run {parent.run_id} ({'new' if parent.created else 'reopened'}) "
+                  f"in experiment {experiment!r}, store {base.tracking_uri}")
+    console.print(f"sweep folder: {sweep_dir}")
+    parent.log_params(_parent_params(plan, settings))
+    for path in plan_files.values():
+        parent.log_artifact(path, "plan")
+
+    runner = SweepRunner(plan, spec, settings, base, sweep_dir, parent, echo=console.print)
+    try:
+        outcome = runner.run()
+    except KeyboardInterrupt:
+        parent.end("KILLED")
+        raise
+
+    from scalelab.scaling.collect import collect
+
+    collected = collect(parent, spec.n_convention, settings.flops_convention,
+                        point_ids={p.point_id for p in plan.points})
+    collected.runs.to_csv(sweep_dir / "runs.csv", index=False)
+    collected.curves.to_csv(sweep_dir / "curves.csv", index=False)
+    parent.log_artifact(sweep_dir / "runs.csv", "data")
+    parent.log_artifact(sweep_dir / "curves.csv", "data")
+
+    fit_lines: list[str] = []
+    if settings.fit and not collected.runs.empty:
+        fit_lines = _fit_and_report(collected, plan, settings, sweep_dir, parent, console)
+
+    wall = time.time() - t_start
+    parent.log_metrics({"sweep/points": len(plan.points), "sweep/finished": len(collected.runs),
+                        "sweep/failed": len(outcome.failed), "sweep/wall_seconds": wall,
+                        "sweep/trained_now": len(outcome.finished)})
+    parent.set_tags({"sweep_failed_points": ",".join(sorted(outcome.failed)) or "none"})
+    parent.end("FINISHED" if not outcome.failed else "FAILED")
+    _summary(console, plan, outcome, collected, fit_lines, parent, sweep_dir, wall)
+    return 0 if not outcome.failed else 1
+
+
+def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, parent: Any,
+                    console: Any) -> list[str]:
+    """Fit (approaches 1-3 as the data allows), write the report, log both to the parent."""
+    import pandas as pd
+
+    from scalelab.cli.fit import print_results
+    from scalelab.scaling.report import write_report
+    from scalelab.scaling.run import fit_sweep
+
+    console.print(f"fitting {len(collected.runs)} runs ({settings.bootstrap} bootstrap resamples)")
+    results, notes = fit_sweep(collected.runs, collected.curves, plan.spec.n_convention,
+                               settings.flops_convention, settings.bootstrap,
+                               f"sweep {settings.name}")
+    lines = [f"[yellow]note:[/yellow] {n}" for n in notes]
+    if results is None:
+        return [*lines, "[red]no scaling law could be fitted to these runs[/red]"]
+    print_results(results)
+    report_dir = sweep_dir / "report"
+    files = write_report(results, report_dir, plan=pd.DataFrame(plan.rows()))
+    parent.log_artifacts(report_dir, "report")
+    metrics = {}
+    for name, vf in results.variants.items():
+        prefix = "" if len(results.variants) == 1 else f"{name}/"
+        for key, est in vf.estimates.items():
+            metrics[f"fit/{prefix}{key}"] = est.value
+        ex = vf.extrapolation
+        tag = f" [{name}]" if len(results.variants) > 1 else ""
+        e = vf.estimates
+        for label, keys in (("Approach 1", ("approach1.a", "approach1.b")),
+                            ("Approach 2", ("approach2.a", "approach2.b"))):
+            if keys[0] in e:
+                lines.append(f"{label}{tag}: N_opt ∝ C^a, a = {e[keys[0]].fmt()}; "
+                             f"D_opt ∝ C^b, b = {e[keys[1]].fmt()}")
+        if "approach3.alpha" in e:
+            lines.append(f"Approach 3{tag}: L = E + A/N^α + B/D^β: α = {e['approach3.alpha'].fmt()}, "
+                         f"β = {e['approach3.beta'].fmt()}, E = {e['approach3.E'].fmt()}"
+                         if "approach3.E" in e else
+                         f"Approach 3{tag}: α = {e['approach3.alpha'].fmt()}, "
+                         f"β = {e['approach3.beta'].fmt()}")
+        for k in ("approach2.tokens_per_param", "approach3.tokens_per_param",
+                  "approach1.tokens_per_param"):
+            if k in e:
+                lines.append(f"compute-optimal tokens/param{tag} at C={results.reference_compute:.3g}"
+                             f" ({k.split('.')[0]}): {e[k].fmt()}")
+                break
+        if ex is not None:
+            metrics[f"fit/{prefix}extrapolation_rel_error"] = ex.rel_error
+            lines.append(f"extrapolation{tag}: fit without C={ex.held_out_budget:.3g} predicts "
+                         f"{ex.predicted_loss:.4f}, actual {ex.actual_loss:.4f} "
+                         f"({ex.actual_source}): error {ex.rel_error:+.2%}")
+        else:
+            lines.append(f"extrapolation{tag}: needs >= 3 budgets (and >= 5 runs below the "
+                         "largest)")
+    parent.log_metrics({k: v for k, v in metrics.items() if v == v})
+    lines.append(f"report       : {report_dir / 'report.md'} ({len(files)} files)")
+    return lines
+
+
+def argv_without_plan_only(overrides: list[str]) -> list[str]:
+    return [o for o in overrides if o != "--plan-only"]
+
+
+def _parent_params(plan: Any, settings: Any) -> dict[str, Any]:
+    s = plan.spec
+    return {
+        "sweep_name": settings.name, "mode": s.mode, "budgets": s.budgets,
+        "sizes_per_budget": s.sizes_per_budget, "size_span": s.size_span,
+        "tokens_per_param_prior": s.tokens_per_param, "n_convention": s.n_convention,
+        "flops_convention": settings.flops_convention, "lr": s.lr, "lr_rule": s.lr_rule,
+        "base_width": s.base_width, "max_lr": s.max_lr, "min_lr_ratio": s.min_lr_ratio,
+        "beta2": s.beta2, "warmup_tokens_per_param": s.warmup_tokens_per_param,
+        "max_warmup_fraction": s.max_warmup_fraction, "variants": s.variants or "none",
+        "family": plan.family.__dict__, "tokens_per_step": plan.tokens_per_step,
+        "seq_len": plan.seq_len, "n_points": len(plan.points),
+        "total_compute": plan.total_compute, "train_overrides": settings.train_overrides,
+        "launcher": settings.launcher, "hydra_launcher": settings.hydra_launcher,
+        "vocab_size": plan.base_model.get("vocab_size"), "train_tokens": plan.train_tokens,
+    }
+
+
+def _summary(console: Any, plan: Any, outcome: Any, collected: Any, fit_lines: list[str],
+             parent: Any, sweep_dir: Path, wall: float) -> None:
+    line = "─" * 72
+    console.print(line)
+    console.print(f"[bold]sweep {plan.spec.name} done[/bold] in {_fmt_s(wall)}: "
+                  f"{len(outcome.finished)} trained now, {len(outcome.skipped)} skipped "
+                  f"(already finished), {len(outcome.failed)} failed; "
+                  f"{len(collected.runs)}/{len(plan.points)} points have a finished run")
+    for name, why in sorted(outcome.failed.items()):
+        console.print(f"  [red]failed[/red] {name}: {why}")
+    for ln in fit_lines:
+        console.print(ln)
+    console.print(f"sweep folder : {sweep_dir}")
+    console.print(f"MLflow parent: {parent.run_id} (experiment id {parent.experiment_id}); "
+                  f"children tagged mlflow.parentRunId")
+    ui = "make ui" if not parent.tracking_uri.startswith("http") else parent.tracking_uri
+    console.print(f"open it      : {ui} -> {parent.url()}")
+    if outcome.failed:
+        console.print("rerun the same command to retry the failed points "
+                      "(finished points are skipped)")
+    console.print(line)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # progress lines must reach a log file (nohup, CI) as they happen, not at exit
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
+    try:
+        code = run(argv)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted: rerun the same command to continue (finished points are skipped)",
+              file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

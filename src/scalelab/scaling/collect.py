@@ -1,0 +1,169 @@
+"""Read a sweep's child runs back from MLflow into tables the fits use.
+
+``runs``: one row per plan point (the latest FINISHED child for each point hash), with every
+accounting convention side by side and ``N``/``C`` set by the chosen ones:
+
+    run_id point point_id variant budget  N D C loss bpb
+    n_params n_params_non_embedding n_params_matmul  flops flops_6n
+    flops_per_token flops_per_token_6n
+    d_model n_layers n_heads lr steps wall_s
+
+``curves``: validation loss curves, one row per evaluation: run_id step tokens flops loss
+(flops = flops_per_token * tokens, in the chosen convention; the fit joins N and variant).
+``failed``: children that did not finish (point, status, run_id, reason).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pandas as pd
+
+from scalelab.tracking.sweep import ChildRun, SweepParent, metric_history, open_parent
+
+# the column names of scalelab.scaling.fit_data (prepare_runs reads them by convention)
+N_COLUMNS = {"matmul": "n_params_matmul", "non_embedding": "n_params_non_embedding",
+             "total": "n_params"}
+C_COLUMNS = {"attention": "flops", "6n": "flops_6n"}
+FINAL_LOSS_KEYS = ("final/val_loss", "val/loss")
+CURVE_COLUMNS = ["run_id", "step", "tokens", "flops", "loss"]
+
+
+@dataclass
+class Collected:
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    failed: pd.DataFrame
+
+
+def _num(d: dict[str, str], key: str, default: float = float("nan")) -> float:
+    try:
+        return float(d[key])
+    except (KeyError, TypeError, ValueError):
+        return default
+
+
+def _row(c: ChildRun) -> dict:
+    p, m, t = c.params, c.metrics, c.tags
+    fpt, fpt6 = _num(p, "flops_per_token"), _num(p, "flops_per_token_6n")
+    # tokens actually trained on: the final count, else the planned budget
+    tokens = _num(m, "final/tokens_seen", _num(p, "tokens_budget", _num(m, "tokens_seen")))
+    loss = next((m[k] for k in FINAL_LOSS_KEYS if k in m), float("nan"))
+    wall = (c.end_time - c.start_time) / 1000 if c.end_time else float("nan")
+    return {
+        "run_id": c.run_id, "point": t.get("sweep_point", c.name), "point_id": c.point_id,
+        "variant": t.get("sweep_variant", "default"),
+        "budget": _num(t, "sweep_budget", _num(p, "compute")),
+        "size_index": int(_num(t, "sweep_size_index", 0)),
+        "n_params": _num(p, "n_params"),
+        "n_params_non_embedding": _num(p, "n_params_non_embedding"),
+        "n_params_matmul": _num(p, "n_params_matmul"), "D": tokens,
+        "flops": fpt * tokens, "flops_6n": fpt6 * tokens,
+        "flops_per_token": fpt, "flops_per_token_6n": fpt6,
+        "loss": float(loss), "bpb": float(m.get("final/val_bpb", m.get("val/bpb", float("nan")))),
+        "d_model": int(_num(p, "d_model", 0)), "n_layers": int(_num(p, "n_layers", 0)),
+        "n_heads": int(_num(p, "n_heads", 0)), "lr": _num(p, "lr"),
+        "steps": int(_num(p, "max_steps", 0)), "tokens_per_step": _num(p, "global_batch_tokens"),
+        "wall_s": wall, "status": c.status,
+    }
+
+
+def latest_finished(children: list[ChildRun]) -> dict[str, ChildRun]:
+    """point_id -> its newest FINISHED child (a point trained twice counts once)."""
+    out: dict[str, ChildRun] = {}
+    for c in sorted(children, key=lambda c: c.start_time):
+        if c.status == "FINISHED" and c.point_id:
+            out[c.point_id] = c
+    return out
+
+
+def collect(parent: SweepParent, n_convention: str = "matmul",
+            flops_convention: str = "attention", curves: bool = True,
+            point_ids: Optional[set[str]] = None) -> Collected:  # noqa: UP045
+    """Children of ``parent`` -> tables. ``point_ids`` limits them to the current plan."""
+    if n_convention not in N_COLUMNS:
+        raise ValueError(f"n_convention={n_convention!r}: choose one of {', '.join(N_COLUMNS)}")
+    if flops_convention not in C_COLUMNS:
+        raise ValueError(
+            f"flops_convention={flops_convention!r}: choose one of {', '.join(C_COLUMNS)}")
+    children = parent.children()
+    if point_ids is not None:
+        children = [c for c in children if c.point_id in point_ids]
+    done = latest_finished(children)
+    rows = [_row(c) for c in done.values()]
+    cols = ["run_id", "point", "point_id", "variant", "budget", "size_index", "N", "D", "C",
+            "loss", "bpb"]
+    runs = pd.DataFrame(rows)
+    if runs.empty:
+        runs = pd.DataFrame(columns=cols)
+    else:
+        runs["N"] = runs[N_COLUMNS[n_convention]]
+        runs["C"] = runs[C_COLUMNS[flops_convention]]
+        runs = runs[cols + [c for c in runs.columns if c not in cols]]
+        runs = runs.sort_values(["variant", "budget", "N"]).reset_index(drop=True)
+
+    failed_rows = []
+    for c in children:
+        if c.point_id in done or c.status == "FINISHED":
+            continue
+        failed_rows.append({"point": c.tags.get("sweep_point", c.name), "status": c.status,
+                            "run_id": c.run_id, "reason": c.tags.get("sweep_note", "")})
+    failed = pd.DataFrame(failed_rows, columns=["point", "status", "run_id", "reason"])
+
+    curve_df = pd.DataFrame(columns=CURVE_COLUMNS)
+    if curves and not runs.empty:
+        curve_df = _curves(parent, runs, flops_convention)
+    return Collected(runs, curve_df, failed)
+
+
+def _curves(parent: SweepParent, runs: pd.DataFrame, flops_convention: str) -> pd.DataFrame:
+    fpt_col = "flops_per_token" if flops_convention == "attention" else "flops_per_token_6n"
+    frames = []
+    for r in runs.itertuples():
+        loss = metric_history(parent.client, r.run_id, "val/loss")
+        if not loss:
+            continue
+        seen = dict(metric_history(parent.client, r.run_id, "tokens_seen"))
+        tps = r.tokens_per_step if r.tokens_per_step == r.tokens_per_step else 0.0
+        tokens = [seen.get(step, step * tps) for step, _ in loss]
+        df = pd.DataFrame({"run_id": r.run_id, "step": [s for s, _ in loss], "tokens": tokens,
+                           "loss": [v for _, v in loss]})
+        df["flops"] = df["tokens"] * getattr(r, fpt_col)
+        frames.append(df[df["tokens"] > 0])
+    if not frames:
+        return pd.DataFrame(columns=CURVE_COLUMNS)
+    return pd.concat(frames, ignore_index=True)
+
+
+def find_parent(sweep: Optional[str] = None, parent_run_id: Optional[str] = None,  # noqa: UP045
+                tracking_uri: Optional[str] = None) -> SweepParent:  # noqa: UP045
+    """A sweep's parent run by sweep name (experiment ``sweep_<name>``) or by run id."""
+    from scalelab.tracking.root import repo_root
+    from scalelab.tracking.store import resolve_tracking_uri
+    from scalelab.tracking.sweep import find_sweep_parent
+
+    uri = resolve_tracking_uri(tracking_uri, repo_root())
+    if parent_run_id:
+        return open_parent(uri, parent_run_id)
+    if not sweep:
+        raise ValueError("give a sweep name (--sweep NAME) or a parent run id (--parent-run-id ID)")
+    parent = find_sweep_parent(uri, sweep)
+    if parent is None:
+        raise ValueError(f"no sweep named {sweep!r} in {uri} (no parent run tagged "
+                         f"scalelab.sweep_name={sweep!r}); run `scalelab-sweep sweep=...` first, "
+                         "or pass --tracking-uri / --parent-run-id")
+    return parent
+
+
+def collect_runs(sweep: Optional[str] = None, parent_run_id: Optional[str] = None,  # noqa: UP045
+                 tracking_uri: Optional[str] = None, n_convention: str = "matmul",  # noqa: UP045
+                 flops_convention: str = "attention") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, curves) of a sweep given by name or parent run id (for `scalelab-fit`)."""
+    parent = find_parent(sweep, parent_run_id, tracking_uri)
+    # only the points of the sweep's current plan (an earlier plan may have left other runs)
+    got = collect(parent, n_convention, flops_convention, point_ids=parent.plan_point_ids())
+    if got.runs.empty:
+        raise ValueError(f"sweep {sweep or parent_run_id}: no FINISHED child runs under parent "
+                         f"{parent.run_id} in {parent.tracking_uri}")
+    return got.runs, got.curves

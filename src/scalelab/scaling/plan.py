@@ -1,0 +1,603 @@
+"""Scaling-sweep planner: compute budgets -> model sizes, token budgets and run settings.
+
+Pure Python on top of ``ModelConfig`` (the single source of truth for N and FLOPs per token):
+no Hydra, no MLflow, no torch (except ``measure_flops_per_s``, which imports the model lazily).
+
+IsoFLOP mode (Chinchilla approach 2): for each budget C, K target sizes spaced evenly in log N
+around the expected optimum N* (the size for which ``D = C / flops_per_token(N*)`` equals
+``tokens_per_param * N*``; 20 is Chinchilla's D ~ 20N), each turned into a concrete shape
+(d_model, n_layers) by the family's shape rule, and D chosen so that training FLOPs equal C.
+Grid mode: an explicit N x D grid (for the parametric fit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from scalelab.model.config import ModelConfig
+
+N_CONVENTIONS = ("matmul", "non_embedding", "total")
+LR_RULES = ("fixed", "inverse_width")
+MODES = ("isoflop", "grid")
+
+
+# --------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------
+@dataclass
+class FamilyConfig:
+    """Shape rule: which (n_layers, d_model) realise a target parameter count."""
+
+    head_dim: int = 16  # fixed head size; n_heads = d_model / head_dim
+    aspect_ratio: float = 32.0  # target d_model / n_layers
+    depths: Optional[list[int]] = None  # noqa: UP045  # explicit depths; None -> min..max_layers
+    min_layers: int = 1
+    max_layers: int = 24
+    d_multiple: Optional[int] = None  # noqa: UP045  # d_model is a multiple of this (None -> head_dim)
+    max_d_model: int = 8192
+
+    def __post_init__(self) -> None:
+        for key in ("head_dim", "min_layers", "max_layers", "max_d_model"):
+            _positive_int(f"sweep.family.{key}", getattr(self, key))
+        if not self.aspect_ratio > 0:
+            raise ValueError(f"sweep.family.aspect_ratio={self.aspect_ratio!r}: must be > 0")
+        if self.min_layers > self.max_layers:
+            raise ValueError(
+                f"sweep.family.min_layers={self.min_layers} > max_layers={self.max_layers}")
+        if self.depths is not None:
+            self.depths = [int(x) for x in self.depths]
+            if not self.depths or any(x < 1 for x in self.depths):
+                raise ValueError(
+                    f"sweep.family.depths={self.depths!r}: must be a non-empty list of positive "
+                    "ints, or null to use min_layers..max_layers")
+        if self.d_multiple is not None:
+            _positive_int("sweep.family.d_multiple", self.d_multiple)
+            if self.d_multiple % self.head_dim:
+                raise ValueError(
+                    f"sweep.family.d_multiple={self.d_multiple} must be a multiple of "
+                    f"head_dim={self.head_dim} so that n_heads = d_model / head_dim is whole")
+
+    @property
+    def layer_choices(self) -> list[int]:
+        if self.depths is not None:
+            return sorted(set(self.depths))
+        return list(range(self.min_layers, self.max_layers + 1))
+
+    @property
+    def width_step(self) -> int:
+        return self.d_multiple or self.head_dim
+
+
+@dataclass
+class SweepSpec:
+    """Everything the planner needs besides the base model and the batch (conf/sweep/*.yaml)."""
+
+    name: str = "sweep"
+    mode: str = "isoflop"  # isoflop | grid
+    budgets: list[float] = field(default_factory=list)  # FLOPs per run (isoflop)
+    sizes_per_budget: int = 5  # K
+    size_span: float = 8.0  # N_max / N_min within one budget
+    tokens_per_param: float = 20.0  # prior for the centre of each IsoFLOP curve
+    n_convention: str = "matmul"  # which N the size targets and the fits use
+    grid_params: list[float] = field(default_factory=list)  # grid mode: target N values
+    grid_tokens: list[float] = field(default_factory=list)  # grid mode: D values
+    # optimisation rule per size
+    lr: float = 1e-3  # peak lr (fixed rule) or lr at base_width (inverse_width rule)
+    lr_rule: str = "inverse_width"  # fixed | inverse_width (lr = lr * base_width / d_model)
+    base_width: int = 128
+    max_lr: Optional[float] = None  # noqa: UP045  # cap for the inverse_width rule
+    warmup_tokens_per_param: float = 1.0  # warmup ~ N tokens ...
+    max_warmup_fraction: float = 0.1  # ... capped at this fraction of the steps
+    min_lr_ratio: float = 0.1  # cosine to 10 %
+    beta2: float = 0.99
+    # validation
+    min_steps: int = 10
+    min_tokens_per_param: float = 1.0
+    allow_repeat: bool = False  # allow D > train tokens (multiple epochs)
+    # variant axis: {key: [values]} crossed; model keys may be given with or without "model."
+    variants: dict[str, list[Any]] = field(default_factory=dict)
+    # WSD: one run per size with cooldown branches at these fractions of D (see plan_wsd)
+    wsd: bool = False
+    wsd_fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0])
+    wsd_decay_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"sweep.mode={self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.n_convention not in N_CONVENTIONS:
+            raise ValueError(
+                f"sweep.n_convention={self.n_convention!r}: choose one of {', '.join(N_CONVENTIONS)}")
+        if self.lr_rule not in LR_RULES:
+            raise ValueError(f"sweep.lr_rule={self.lr_rule!r}: choose one of {', '.join(LR_RULES)}")
+        self.budgets = [float(c) for c in self.budgets]
+        self.grid_params = [float(x) for x in self.grid_params]
+        self.grid_tokens = [float(x) for x in self.grid_tokens]
+        if self.mode == "isoflop":
+            if not self.budgets:
+                raise ValueError("sweep.budgets is empty: give compute budgets in FLOPs, "
+                                 "e.g. sweep.budgets=[1e12,3e12,1e13]")
+            bad = [c for c in self.budgets if not (math.isfinite(c) and c > 0)]
+            if bad:
+                raise ValueError(f"sweep.budgets has non-positive values {bad}: budgets are FLOPs > 0")
+            if len(set(self.budgets)) != len(self.budgets):
+                raise ValueError(f"sweep.budgets={self.budgets} has duplicates")
+            _positive_int("sweep.sizes_per_budget", self.sizes_per_budget)
+            if self.sizes_per_budget > 1 and not self.size_span > 1:
+                raise ValueError(f"sweep.size_span={self.size_span!r}: must be > 1 (N_max / N_min)")
+        else:
+            if not self.grid_params or not self.grid_tokens:
+                raise ValueError("sweep.mode=grid needs sweep.grid_params (target N values) and "
+                                 "sweep.grid_tokens (D values), e.g. grid_params=[1e5,3e5] "
+                                 "grid_tokens=[1e6,4e6]")
+            if any(x <= 0 for x in self.grid_params + self.grid_tokens):
+                raise ValueError("sweep.grid_params and sweep.grid_tokens must be > 0")
+        for key in ("tokens_per_param", "lr", "min_tokens_per_param"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"sweep.{key}={getattr(self, key)!r}: must be > 0")
+        if not 0 <= self.max_warmup_fraction < 1:
+            raise ValueError(f"sweep.max_warmup_fraction={self.max_warmup_fraction!r}: must be in [0, 1)")
+        if not 0 <= self.beta2 < 1:
+            raise ValueError(f"sweep.beta2={self.beta2!r}: must be in [0, 1)")
+        _positive_int("sweep.min_steps", self.min_steps)
+        self.variants = {str(k): list(v) for k, v in dict(self.variants or {}).items()}
+        for k, v in self.variants.items():
+            if not v:
+                raise ValueError(f"sweep.variants.{k} is empty: give at least one value")
+        if self.wsd:
+            fr = [float(x) for x in self.wsd_fractions]
+            if not fr or any(not 0 < x <= 1 for x in fr) or max(fr) != 1.0:
+                raise ValueError(f"sweep.wsd_fractions={self.wsd_fractions!r}: fractions of D in "
+                                 "(0, 1], including 1.0")
+            self.wsd_fractions = sorted(set(fr))
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SweepSpec:
+        """Build from a mapping, taking only the planner's keys (the rest belong to the runner)."""
+        return cls(**{k: v for k, v in dict(d).items() if k in cls.field_names()})
+
+
+def _positive_int(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key}={value!r}: must be a positive integer")
+
+
+# --------------------------------------------------------------------------------------------
+# Plan
+# --------------------------------------------------------------------------------------------
+@dataclass
+class PlanPoint:
+    """One training run of the sweep."""
+
+    variant: str
+    budget: float  # the planned compute C (FLOPs)
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_params: int  # total
+    n_params_non_embedding: int
+    n_params_matmul: int
+    flops_per_token: int  # 6 N_matmul + 12 L T d
+    flops_per_token_6n: int  # 6 N_matmul
+    tokens: int  # D = steps * tokens_per_step
+    steps: int
+    tokens_per_step: int
+    lr: float
+    warmup_steps: int
+    model_overrides: dict[str, Any]  # model.* keys of this point (shape + variant model keys)
+    extra_overrides: dict[str, Any]  # non-model variant keys
+    size_index: int = 0  # position within its IsoFLOP curve (0 = smallest)
+    branch_of: Optional[str] = None  # noqa: UP045  # WSD: id of the run whose stable phase it continues
+    index: int = 0
+    point_id: str = ""
+
+    @property
+    def compute(self) -> int:
+        """Training FLOPs actually planned: flops_per_token * tokens."""
+        return self.flops_per_token * self.tokens
+
+    @property
+    def name(self) -> str:
+        return f"p{self.index:03d}_{self.point_id[:8]}"
+
+    def n_by(self, convention: str) -> int:
+        return {"matmul": self.n_params_matmul, "non_embedding": self.n_params_non_embedding,
+                "total": self.n_params}[convention]
+
+    def optim_overrides(self, min_lr_ratio: float, beta2: float) -> dict[str, Any]:
+        return {"optim.lr": self.lr, "optim.warmup_steps": self.warmup_steps,
+                "optim.schedule": "cosine", "optim.min_lr_ratio": min_lr_ratio,
+                "optim.beta2": beta2}
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "point": self.name, "variant": self.variant, "budget": self.budget,
+            "N": self.n_params, "N_non_embedding": self.n_params_non_embedding,
+            "N_matmul": self.n_params_matmul, "d_model": self.d_model, "n_layers": self.n_layers,
+            "n_heads": self.n_heads, "D": self.tokens,
+            "tokens_per_param": self.tokens / self.n_params_matmul, "C": self.compute,
+            "steps": self.steps, "lr": self.lr, "warmup_steps": self.warmup_steps,
+        }
+
+
+@dataclass
+class Plan:
+    spec: SweepSpec
+    family: FamilyConfig
+    base_model: dict[str, Any]
+    tokens_per_step: int
+    seq_len: int
+    points: list[PlanPoint]
+    train_tokens: Optional[int] = None  # noqa: UP045
+
+    @property
+    def variants(self) -> list[str]:
+        return sorted({p.variant for p in self.points})
+
+    @property
+    def total_compute(self) -> int:
+        return sum(p.compute for p in self.points)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [p.as_row() for p in self.points]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spec": dataclasses.asdict(self.spec), "family": dataclasses.asdict(self.family),
+                "base_model": self.base_model, "tokens_per_step": self.tokens_per_step,
+                "seq_len": self.seq_len, "train_tokens": self.train_tokens,
+                "points": [dataclasses.asdict(p) | {"name": p.name, "compute": p.compute}
+                           for p in self.points]}
+
+
+def point_hash(payload: dict[str, Any]) -> str:
+    """Stable id of a run: sha256 of its canonical JSON (sorted keys)."""
+    blob = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def split_variant(variant: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Variant keys -> (ModelConfig fields, other dotted overrides)."""
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    model, extra = {}, {}
+    for key, value in variant.items():
+        bare = key.removeprefix("model.")
+        if bare in names:
+            model[bare] = value
+        elif key.startswith("model."):
+            raise ValueError(f"sweep.variants.{key}: {bare!r} is not a ModelConfig field; valid "
+                             f"fields are {sorted(names)}")
+        else:
+            extra[key] = value
+    return model, extra
+
+
+def variant_grid(variants: dict[str, list[Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Cross product of the variant axis -> [(label, {key: value})]; no axis -> [("default", {})]."""
+    if not variants:
+        return [("default", {})]
+    keys = list(variants)
+    out = []
+    for combo in itertools.product(*(variants[k] for k in keys)):
+        assign = dict(zip(keys, combo, strict=True))
+        label = ",".join(f"{k.removeprefix('model.')}={v}" for k, v in assign.items())
+        out.append((label, assign))
+    return out
+
+
+def shape_for(target_n: float, family: FamilyConfig, base: dict[str, Any],
+              convention: str = "matmul", strict: bool = True) -> ModelConfig:
+    """The shape of the family closest to ``target_n`` parameters.
+
+    For every allowed depth, the width (a multiple of the family's step) whose N is closest to
+    the target in log space; among those, the one minimising
+    ``(N error / 20 %)^2 + (aspect error / factor 2)^2`` (both in log space): N is hit closely
+    while the shape stays near the rule, which a pure d = aspect * L rule cannot do at tiny
+    sizes (there N jumps by ~((L+1)/L)^3 between depths).
+    """
+    step = family.width_step
+    best: Optional[tuple[float, ModelConfig]] = None  # noqa: UP045
+    for layers in family.layer_choices:
+        cfg = _closest_width(target_n, layers, step, family, base, convention)
+        if cfg is None:
+            continue
+        n_err = abs(math.log(_n_of(cfg, convention) / target_n))
+        if strict and n_err > math.log(1.5):  # this depth cannot reach the target
+            continue
+        aspect_err = abs(math.log((cfg.d_model / layers) / family.aspect_ratio))
+        cost = (n_err / 0.2) ** 2 + (aspect_err / math.log(2)) ** 2
+        if best is None or cost < best[0]:
+            best = (cost, cfg)
+    if best is None:
+        smallest = _make(family.layer_choices[0], step, family, base)
+        n_min = _n_of(smallest, convention)
+        if target_n < n_min:
+            raise ValueError(
+                f"target N={target_n:.3g} ({convention}) is too small for the smallest model of "
+                f"the family (n_layers={smallest.n_layers}, d_model={smallest.d_model}, "
+                f"N={n_min:.3g}). Raise the compute budget, lower sweep.size_span, or lower "
+                "sweep.family.head_dim/min_layers")
+        raise ValueError(
+            f"target N={target_n:.3g} ({convention}) is beyond the largest shape of the family; "
+            "raise sweep.family.max_layers/max_d_model or lower the budget")
+    return best[1]
+
+
+_CACHE: dict[tuple, ModelConfig] = {}
+
+
+def _make(layers: int, d: int, family: FamilyConfig, base: dict[str, Any]) -> ModelConfig:
+    key = (layers, d, family.head_dim, tuple(sorted((k, repr(v)) for k, v in base.items())))
+    if key not in _CACHE:
+        fields_ = dict(base) | {"n_layers": layers, "d_model": d, "n_heads": d // family.head_dim}
+        fields_.pop("d_ff", None)  # re-derived from the new width
+        if fields_.get("n_kv_heads") is not None and fields_["n_heads"] % fields_["n_kv_heads"]:
+            fields_["n_kv_heads"] = None
+        _CACHE[key] = ModelConfig.from_dict(fields_)
+    return _CACHE[key]
+
+
+_N_CACHE: dict[tuple[int, str], int] = {}
+
+
+def _n_of(cfg: ModelConfig, convention: str) -> int:
+    key = (id(cfg), convention)  # cfg objects live in _CACHE, so ids are stable
+    if key not in _N_CACHE:
+        if convention == "matmul":
+            _N_CACHE[key] = cfg.n_params_matmul()
+        else:
+            _N_CACHE[key] = cfg.n_params(non_embedding=convention == "non_embedding")
+    return _N_CACHE[key]
+
+
+def _closest_width(target_n: float, layers: int, step: int, family: FamilyConfig,
+                   base: dict[str, Any], convention: str) -> Optional[ModelConfig]:  # noqa: UP045
+    # N grows monotonically with d: bisect on the multiple of `step`.
+    lo, hi = 1, max(1, family.max_d_model // step)
+    if _n_of(_make(layers, lo * step, family, base), convention) >= target_n:
+        return _make(layers, lo * step, family, base)
+    if _n_of(_make(layers, hi * step, family, base), convention) < target_n:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _n_of(_make(layers, mid * step, family, base), convention) < target_n:
+            lo = mid
+        else:
+            hi = mid
+    a, b = _make(layers, lo * step, family, base), _make(layers, hi * step, family, base)
+    ea = abs(math.log(_n_of(a, convention) / target_n))
+    eb = abs(math.log(_n_of(b, convention) / target_n))
+    return a if ea <= eb else b
+
+
+def optimal_size_prior(budget: float, tokens_per_param: float, family: FamilyConfig,
+                       base: dict[str, Any], convention: str = "matmul") -> float:
+    """N* with C / flops_per_token(N*) = tokens_per_param * N*.
+
+    flops_per_token is ~6N for big models but more at tiny ones (attention, the output layer),
+    so N* is found by bisection in log N, taking flops_per_token from the family's nearest
+    shape; the target itself stays continuous, which keeps the equation monotone.
+    """
+    def excess(log_n: float) -> float:
+        cfg = shape_for(math.exp(log_n), family, base, convention, strict=False)
+        return math.log(budget / cfg.flops_per_token()) - log_n - math.log(tokens_per_param)
+
+    lo, hi = math.log(10.0), math.log(1e13)
+    for _ in range(40):  # 28 e-folds / 2^40: far below the width granularity
+        mid = (lo + hi) / 2
+        if excess(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
+
+
+def make_plan(
+    spec: SweepSpec,
+    family: FamilyConfig,
+    base_model: dict[str, Any],
+    tokens_per_step: int,
+    train_tokens: Optional[int] = None,  # noqa: UP045
+    identity: Optional[dict[str, Any]] = None,  # noqa: UP045
+    seq_len: Optional[int] = None,  # noqa: UP045
+) -> Plan:
+    """Build and validate the plan. Raises ValueError (naming the budget/point and the fix)
+    for a plan that cannot be honoured, before anything runs.
+
+    ``base_model``: ModelConfig fields shared by all points (vocab_size, max_seq_len, arch...).
+    ``tokens_per_step``: global batch in tokens. ``train_tokens``: size of the train split (for
+    the data-repetition check). ``identity``: extra content that makes two sweeps' points
+    differ (e.g. the base train overrides); it enters every point hash.
+    """
+    _positive_int("tokens_per_step", tokens_per_step)
+    if spec.wsd:
+        # Cooldown branches need checkpoints of the stable phase at D/4, D/2, ...; the train
+        # app keeps only last.ckpt/best.ckpt, so there is nothing to branch from yet.
+        raise ValueError(
+            "sweep.wsd=true is not supported yet: WSD cooldown branches resume from stable-phase "
+            "checkpoints at fractions of D, and scalelab-train keeps only last.ckpt. Use "
+            "sweep.wsd=false (cosine runs, one per point)")
+    base = {k: v for k, v in dict(base_model).items() if k not in ("d_model", "n_layers", "n_heads")}
+    _make(family.layer_choices[0], family.width_step, family, base)  # bad base fields fail here
+    seq_len = int(seq_len or base.get("max_seq_len", ModelConfig.max_seq_len))
+    points: list[PlanPoint] = []
+    for label, assign in variant_grid(spec.variants):
+        vmodel, vextra = split_variant(assign)
+        vbase = base | vmodel
+        if spec.mode == "isoflop":
+            for budget in sorted(spec.budgets):
+                points += _isoflop_points(spec, family, vbase, tokens_per_step, budget, label,
+                                          vmodel, vextra, seq_len)
+        else:
+            points += _grid_points(spec, family, vbase, tokens_per_step, label, vmodel, vextra,
+                                   seq_len)
+    for p in points:
+        _finish_point(p, spec, train_tokens)
+    ident = identity or {}
+    for i, p in enumerate(points):
+        p.index = i
+        p.point_id = point_hash({"model": p.model_overrides, "extra": p.extra_overrides,
+                                 "tokens": p.tokens, "lr": p.lr, "warmup": p.warmup_steps,
+                                 "min_lr_ratio": spec.min_lr_ratio, "beta2": spec.beta2,
+                                 "base_model": base, "identity": ident})
+    ids = [p.point_id for p in points]
+    if len(set(ids)) != len(ids):
+        dup = sorted({p.name for p in points if ids.count(p.point_id) > 1})
+        raise ValueError(f"plan has duplicate runs {dup}: two budgets map to the same (N, D); "
+                         "space the budgets further apart")
+    return Plan(spec, family, base, tokens_per_step, seq_len, points, train_tokens)
+
+
+def _point(cfg: ModelConfig, budget: float, tokens: float, tps: int, variant: str,
+           vmodel: dict[str, Any], extra: dict[str, Any], size_index: int,
+           seq_len: int) -> PlanPoint:
+    model_over = {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads}
+    model_over |= vmodel
+    steps = max(1, round(tokens / tps))
+    return PlanPoint(
+        variant=variant, budget=budget, n_layers=cfg.n_layers, d_model=cfg.d_model,
+        n_heads=cfg.n_heads, n_params=cfg.n_params(),
+        n_params_non_embedding=cfg.n_params(non_embedding=True),
+        n_params_matmul=cfg.n_params_matmul(), flops_per_token=cfg.flops_per_token(seq_len=seq_len),
+        flops_per_token_6n=cfg.flops_per_token(attention=False), tokens=steps * tps, steps=steps,
+        tokens_per_step=tps, lr=0.0, warmup_steps=0, model_overrides=model_over,
+        extra_overrides=dict(extra), size_index=size_index)
+
+
+def _isoflop_points(spec: SweepSpec, family: FamilyConfig, base: dict[str, Any], tps: int,
+                    budget: float, label: str, vmodel: dict[str, Any],
+                    extra: dict[str, Any], seq_len: int) -> list[PlanPoint]:
+    k = spec.sizes_per_budget
+    centre = optimal_size_prior(budget, spec.tokens_per_param, family, base, spec.n_convention)
+    half = math.log(spec.size_span) / 2
+    targets = [centre * math.exp(-half + 2 * half * i / (k - 1)) if k > 1 else centre
+               for i in range(k)]
+    shapes = []
+    for t in targets:
+        try:
+            shapes.append(shape_for(t, family, base, spec.n_convention))
+        except ValueError as e:
+            raise ValueError(f"budget C={budget:.3g} (variant {label}): {e}") from None
+    keys = [(s.n_layers, s.d_model) for s in shapes]
+    if len(set(keys)) != len(keys):
+        raise ValueError(
+            f"budget C={budget:.3g} (variant {label}): the {k} target sizes "
+            f"{[f'{t:.3g}' for t in targets]} map to repeated shapes {keys}; the family is too "
+            "coarse here. Lower sweep.family.head_dim/d_multiple, raise sweep.size_span, or "
+            "raise the budget")
+    out = []
+    for i, cfg in enumerate(shapes):
+        tokens = budget / cfg.flops_per_token(seq_len=seq_len)
+        out.append(_point(cfg, budget, tokens, tps, label, vmodel, extra, i, seq_len))
+    return out
+
+
+def _grid_points(spec: SweepSpec, family: FamilyConfig, base: dict[str, Any], tps: int,
+                 label: str, vmodel: dict[str, Any], extra: dict[str, Any],
+                 seq_len: int) -> list[PlanPoint]:
+    out = []
+    for i, n in enumerate(sorted(spec.grid_params)):
+        cfg = shape_for(n, family, base, spec.n_convention)
+        for d in sorted(spec.grid_tokens):
+            steps = max(1, round(d / tps))
+            c = float(cfg.flops_per_token(seq_len=seq_len) * steps * tps)
+            out.append(_point(cfg, c, d, tps, label, vmodel, extra, i, seq_len))
+    return out
+
+
+def _finish_point(p: PlanPoint, spec: SweepSpec, train_tokens: Optional[int]) -> None:  # noqa: UP045
+    """lr and warmup per size, then the checks that make a plan impossible."""
+    where = f"point (budget C={p.budget:.3g}, variant {p.variant}, d_model={p.d_model}, " \
+            f"n_layers={p.n_layers}, N={p.n_params_matmul:,})"
+    if spec.lr_rule == "fixed":
+        p.lr = float(spec.lr)
+    else:
+        p.lr = float(spec.lr) * spec.base_width / p.d_model
+        if spec.max_lr is not None:
+            p.lr = min(p.lr, float(spec.max_lr))
+    warm = math.ceil(spec.warmup_tokens_per_param * p.n_params_matmul / p.tokens_per_step)
+    p.warmup_steps = max(0, min(warm, int(spec.max_warmup_fraction * p.steps)))
+    if p.steps < spec.min_steps:
+        raise ValueError(
+            f"{where}: only {p.steps} optimizer steps (D={p.tokens:,} tokens at "
+            f"{p.tokens_per_step:,} tokens/step) < sweep.min_steps={spec.min_steps}. The budget is "
+            "too small for this model: raise the budget or lower the global batch")
+    tpp = p.tokens / p.n_params_matmul
+    if tpp < spec.min_tokens_per_param:
+        raise ValueError(
+            f"{where}: D/N = {tpp:.2f} tokens per parameter < sweep.min_tokens_per_param="
+            f"{spec.min_tokens_per_param}. The budget is too small for this model: raise the "
+            "budget, lower sweep.size_span or sweep.tokens_per_param")
+    if train_tokens is not None and p.tokens > train_tokens and not spec.allow_repeat:
+        raise ValueError(
+            f"{where}: D={p.tokens:,} tokens exceeds the corpus's {train_tokens:,} train tokens "
+            f"({p.tokens / train_tokens:.2f} epochs). Use a bigger dataset, lower the budget, or "
+            "set sweep.allow_repeat=true to repeat data")
+
+
+# --------------------------------------------------------------------------------------------
+# Wall-time estimate
+# --------------------------------------------------------------------------------------------
+def measure_flops_per_s(plan: Plan, micro_batch: int, time_budget_s: float = 8.0,
+                        threads: Optional[int] = None) -> dict[tuple[int, int, str], float]:  # noqa: UP045
+    """Achieved training FLOP/s of each distinct shape: a few forward+backward+AdamW steps.
+
+    Sizes are timed from smallest to largest until ``time_budget_s`` is spent; the rest get
+    the FLOP/s of the largest shape measured (larger matmuls are at least as efficient). One
+    noisy measurement (a busy machine) is clamped to within 3x of the median.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from scalelab.model import Transformer
+
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    shapes: dict[tuple[int, int, str], PlanPoint] = {}
+    for p in sorted(plan.points, key=lambda q: q.n_params_matmul):
+        shapes.setdefault((p.n_layers, p.d_model, p.variant), p)
+    out: dict[tuple[int, int, str], float] = {}
+    start, last = time.perf_counter(), None
+    try:
+        for key, p in shapes.items():
+            if last is not None and time.perf_counter() - start > time_budget_s:
+                out[key] = last
+                continue
+            cfg = ModelConfig.from_dict(plan.base_model | p.model_overrides)
+            model = Transformer(cfg)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            x = torch.randint(0, cfg.vocab_size, (micro_batch, plan.seq_len))
+            times = []
+            for i in range(6):
+                t0 = time.perf_counter()
+                logits = model(x)
+                F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if i:  # the first step pays for allocations
+                    times.append(time.perf_counter() - t0)
+                if i >= 2 and sum(times) > 0.3:
+                    break
+            dt = sorted(times)[len(times) // 2]
+            last = out[key] = p.flops_per_token * micro_batch * plan.seq_len / dt
+    finally:
+        torch.set_num_threads(old_threads)
+    med = sorted(out.values())[len(out) // 2]
+    return {k: min(max(v, med / 3), med * 3) for k, v in out.items()}
+
+
+def estimate_seconds(plan: Plan, flops_per_s: dict[tuple[int, int, str], float],
+                     overhead_s: float = 0.0) -> list[float]:
+    """Estimated wall time of each point: compute / measured FLOP/s + a fixed start-up cost."""
+    return [p.compute / flops_per_s[(p.n_layers, p.d_model, p.variant)] + overhead_s
+            for p in plan.points]

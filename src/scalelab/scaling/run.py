@@ -1,0 +1,489 @@
+"""Run a sweep: base config -> plan -> one ordinary `scalelab-train` run per point -> MLflow.
+
+Every point is a plain training run through the same code path as `make train`: the sweep
+writes one Hydra config file per point (``<sweep>/conf/sweep_point/<point>.yaml``, package
+``_global_``: shape, token budget, lr, warmup, parent run id, tags) and launches
+
+    scalelab-train --multirun <train overrides> +sweep_point=p000_x,p001_y,...
+        hydra.searchpath=[file://<sweep>/conf] hydra/launcher=<basic|joblib|slurm...>
+        hydra.sweep.dir=<sweep>/multirun/<stamp>
+
+(``launcher=hydra``), or one ``scalelab-train <train overrides> +sweep_point=<point>`` process
+per point (``launcher=subprocess``). Either way a point that crashes does not stop the others,
+and a point whose FINISHED child already exists in MLflow is skipped on a rerun.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from scalelab.scaling.plan import FamilyConfig, Plan, PlanPoint, SweepSpec, make_plan
+
+LAUNCHERS = ("hydra", "subprocess")
+TRAIN_MODULE = "scalelab.cli.train"
+
+
+# --------------------------------------------------------------------------------------------
+# Settings
+# --------------------------------------------------------------------------------------------
+@dataclass
+class RunSettings:
+    """The runner's keys of ``conf/sweep.yaml`` (the planner's are in SweepSpec/FamilyConfig)."""
+
+    name: str = "sweep"
+    plan_only: bool = False
+    train_overrides: list[str] = field(default_factory=list)
+    flops_convention: str = "attention"
+    launcher: str = "hydra"
+    hydra_launcher: str = "basic"
+    launcher_overrides: list[str] = field(default_factory=list)
+    val_evals: int = 12
+    val_batches: int = 10
+    experiment_name: Optional[str] = None  # noqa: UP045
+    output_dir: Optional[str] = None  # noqa: UP045
+    estimate_time: bool = True
+    run_overhead_s: float = 8.0
+    fit: bool = True
+    bootstrap: int = 200
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"sweep.launcher={self.launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+        if self.flops_convention not in ("attention", "6n"):
+            raise ValueError(f"sweep.flops_convention={self.flops_convention!r}: choose attention or 6n")
+        if not self.name or any(c in self.name for c in "/\\ ,="):
+            raise ValueError(f"sweep.name={self.name!r}: a folder-safe name (no / , = or spaces)")
+        if self.val_evals < 1 or self.val_batches < 1:
+            raise ValueError("sweep.val_evals and sweep.val_batches must be >= 1")
+        self.train_overrides = [str(o) for o in self.train_overrides]
+        self.launcher_overrides = [str(o) for o in self.launcher_overrides]
+
+
+def split_settings(sweep: dict[str, Any]) -> tuple[SweepSpec, FamilyConfig, RunSettings]:
+    """``cfg.sweep`` (a plain dict) -> the three config objects; unknown keys fail, named."""
+    sweep = dict(sweep)
+    family = FamilyConfig(**dict(sweep.pop("family", {}) or {}))
+    run_keys = {f.name for f in dataclasses.fields(RunSettings)}
+    spec_keys = SweepSpec.field_names()
+    unknown = sorted(set(sweep) - run_keys - spec_keys)
+    if unknown:
+        raise ValueError(f"sweep: unknown key(s) {unknown}; valid keys are "
+                         f"{sorted(run_keys | spec_keys | {'family'})}")
+    spec = SweepSpec.from_dict({k: v for k, v in sweep.items() if k in spec_keys})
+    if "name" in sweep:
+        spec.name = str(sweep["name"])
+    settings = RunSettings(**{k: v for k, v in sweep.items() if k in run_keys})
+    return spec, family, settings
+
+
+# --------------------------------------------------------------------------------------------
+# The base training config (what `scalelab-train <train_overrides>` would run)
+# --------------------------------------------------------------------------------------------
+def compose(config_name: str, overrides: list[str]) -> DictConfig:
+    """Compose a config of the repo's conf/ with Hydra's compose API (no run folder, no chdir)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from scalelab.cli import schema  # noqa: F401  (registers train_schema and resolvers)
+    from scalelab.tracking import conf_dir
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+@dataclass
+class BaseRun:
+    cfg: DictConfig
+    model_fields: dict[str, Any]  # with the tokenizer's vocab_size filled in
+    tokens_per_step: int
+    micro_batch: int
+    block_size: int
+    train_tokens: Optional[int]  # noqa: UP045
+    tracking_uri: str
+    artifact_root: Optional[str]  # noqa: UP045
+    root: Path
+    accelerator: str
+
+
+def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
+    """Validate the shared training config like `scalelab-train` does, and prepare its data."""
+    from scalelab.cli.spec import build_spec
+    from scalelab.tracking.store import resolve_tracking_uri
+
+    try:
+        cfg = compose("train", train_overrides)
+    except Exception as e:  # hydra's override/compose errors: say where they came from
+        raise ValueError(f"sweep.train_overrides {train_overrides}: {e}") from None
+    spec = build_spec(cfg)
+    root = Path(str(cfg.paths.root))
+    vocab, train_tokens = spec.model.vocab_size, None
+    if spec.objective != "seq2seq":
+        from scalelab.data import prepare
+
+        prepared = prepare(spec.data, spec.tokenizer, cache_dir=Path(str(cfg.paths.data_dir)),
+                           progress=progress)
+        vocab = prepared.vocab_size
+        train_tokens = len(prepared.tokens("train"))
+    spec.with_vocab(vocab)  # validates
+    # the fields as configured (n_kv_heads/d_ff may be null = derived), with the real vocab
+    model_fields = dict(spec.model_fields, vocab_size=spec.model_fields.get("vocab_size") or vocab)
+    uri = None
+    if cfg.logger.backend == "mlflow":
+        uri = resolve_tracking_uri(cfg.logger.tracking_uri, root)
+    if uri is None:
+        raise ValueError("sweeps need MLflow (logger=mlflow): the children and the parent run "
+                         "are how a sweep records and skips points")
+    return BaseRun(cfg, model_fields, spec.batch.tokens_per_step, spec.batch.micro_batch,
+                   spec.block_size, train_tokens, uri,
+                   str(cfg.logger.artifact_root) if cfg.logger.artifact_root else None, root,
+                   str(cfg.trainer.accelerator))
+
+
+def build_plan(spec: SweepSpec, family: FamilyConfig, settings: RunSettings,
+               base: BaseRun) -> Plan:
+    identity = {"train_overrides": settings.train_overrides,
+                "val_evals": settings.val_evals, "val_batches": settings.val_batches}
+    return make_plan(spec, family, base.model_fields, base.tokens_per_step,
+                     train_tokens=base.train_tokens, identity=identity, seq_len=base.block_size)
+
+
+def sweep_dir_of(settings: RunSettings, base: BaseRun) -> Path:
+    if settings.output_dir:
+        return Path(settings.output_dir).expanduser().resolve()
+    return base.root / "sweeps" / settings.name
+
+
+# --------------------------------------------------------------------------------------------
+# Point configs
+# --------------------------------------------------------------------------------------------
+def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: BaseRun,
+                    sweep_dir: Path, parent_run_id: str, experiment: str) -> dict[str, Any]:
+    """The dotted keys one point sets on top of the base training config."""
+    val_every = max(1, p.steps // settings.val_evals)
+    d: dict[str, Any] = {f"model.{k}": v for k, v in p.model_overrides.items()}
+    d |= {
+        "run_name": f"{settings.name}_{p.name}",
+        "train.max_steps": p.steps,
+        "train.max_tokens": p.tokens,
+        "train.val_every": val_every,
+        "train.val_batches": settings.val_batches,
+        "trainer.max_steps": None,
+        "trainer.enable_progress_bar": False,
+        "callbacks.checkpoint.save_best": False,
+        "logger.backend": "mlflow",
+        "logger.tracking_uri": base.tracking_uri,
+        "logger.experiment_name": experiment,
+        "logger.parent_run_id": parent_run_id,
+        "paths.output_dir": str(sweep_dir / "runs" / p.name),
+    }
+    d |= p.optim_overrides(spec.min_lr_ratio, spec.beta2)
+    d |= {f"tags.{k}": v for k, v in point_tags(p, settings).items()}
+    d |= dict(p.extra_overrides)
+    return d
+
+
+def point_tags(p: PlanPoint, settings: RunSettings) -> dict[str, str]:
+    return {"sweep_point_id": p.point_id, "sweep_point": p.name, "sweep_name": settings.name,
+            "sweep_budget": f"{p.budget:.6g}", "sweep_variant": p.variant,
+            "sweep_size_index": str(p.size_index)}
+
+
+def write_point_config(path: Path, p: PlanPoint, overrides: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = (f"# @package _global_\n# {p.name}: budget C={p.budget:.3g} FLOPs, variant {p.variant},"
+            f" N={p.n_params_matmul:,} (matmul), D={p.tokens:,} tokens, {p.steps} steps\n")
+    path.write_text(head + OmegaConf.to_yaml(OmegaConf.create(_nest(overrides))))
+
+
+def train_command(train_overrides: list[str], point_names: list[str], conf_dir: Path,
+                  multirun: bool, launcher: str = "basic",
+                  launcher_overrides: Optional[list[str]] = None,  # noqa: UP045
+                  sweep_dir: Optional[Path] = None) -> list[str]:  # noqa: UP045
+    cmd = [sys.executable, "-m", TRAIN_MODULE]
+    if multirun:
+        cmd.append("--multirun")
+    cmd += list(train_overrides)
+    cmd += [f"+sweep_point={','.join(point_names)}", f"hydra.searchpath=[file://{conf_dir}]"]
+    if multirun:
+        cmd += [f"hydra/launcher={launcher}", *(launcher_overrides or [])]
+        if sweep_dir is not None:
+            cmd.append(f"hydra.sweep.dir={sweep_dir}")
+    return cmd
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    finished: list[str] = field(default_factory=list)  # trained now
+    skipped: list[str] = field(default_factory=list)  # FINISHED before this invocation
+    failed: dict[str, str] = field(default_factory=dict)  # point -> reason
+    seconds: float = 0.0
+    commands: list[str] = field(default_factory=list)
+
+
+class SweepRunner:
+    """Launches the pending points of a plan and follows them in MLflow."""
+
+    def __init__(self, plan: Plan, spec: SweepSpec, settings: RunSettings, base: BaseRun,
+                 sweep_dir: Path, parent: Any, echo: Callable[[str], None] = print,
+                 poll_s: float = 3.0) -> None:
+        self.plan, self.spec, self.settings, self.base = plan, spec, settings, base
+        self.sweep_dir, self.parent, self.echo, self.poll_s = sweep_dir, parent, echo, poll_s
+        self.conf_dir = sweep_dir / "conf"
+        self.experiment = settings.experiment_name or f"sweep_{settings.name}"
+
+    # --- state in MLflow -------------------------------------------------------------------
+    def _latest_by_point(self) -> dict[str, Any]:
+        latest: dict[str, Any] = {}
+        for c in sorted(self.parent.children(), key=lambda c: c.start_time):
+            prev = latest.get(c.point_id) if c.point_id else None
+            # the newest child wins, except that a FINISHED one is never displaced
+            if c.point_id and (prev is None or prev.status != "FINISHED" or c.status == "FINISHED"):
+                latest[c.point_id] = c
+        return latest
+
+    def close_stale(self) -> int:
+        """Children left RUNNING by a killed sweep -> KILLED (they will be trained again)."""
+        n = 0
+        for c in self.parent.children():
+            if c.status in ("RUNNING", "SCHEDULED"):
+                self.parent.mark_killed(c.run_id)
+                n += 1
+        return n
+
+    def pending(self) -> tuple[list[PlanPoint], list[PlanPoint]]:
+        latest = self._latest_by_point()
+        done = [p for p in self.plan.points
+                if latest.get(p.point_id) is not None and latest[p.point_id].status == "FINISHED"]
+        ids = {p.point_id for p in done}
+        return [p for p in self.plan.points if p.point_id not in ids], done
+
+    # --- launching -------------------------------------------------------------------------
+    def write_configs(self, points: list[PlanPoint]) -> None:
+        folder = self.conf_dir / "sweep_point"
+        current = {f"{p.name}.yaml" for p in self.plan.points}
+        for old in folder.glob("*.yaml") if folder.is_dir() else []:
+            if old.name not in current:  # from an earlier plan of this sweep
+                old.unlink()
+        for p in points:
+            ov = point_overrides(p, self.spec, self.settings, self.base, self.sweep_dir,
+                                 self.parent.run_id, self.experiment)
+            write_point_config(self.conf_dir / "sweep_point" / f"{p.name}.yaml", p, ov)
+
+    def run(self, estimates: Optional[dict[str, float]] = None) -> Outcome:  # noqa: UP045
+        t0 = time.time()
+        out = Outcome()
+        stale = self.close_stale()
+        if stale:
+            self.echo(f"closed {stale} child run(s) left RUNNING by an interrupted sweep (KILLED)")
+        todo, done = self.pending()
+        out.skipped = [p.name for p in done]
+        if done:
+            self.echo(f"skipping {len(done)} point(s) already FINISHED in MLflow: "
+                      + ", ".join(p.name for p in done))
+        if not todo:
+            self.echo("nothing to train: every point is finished")
+            out.seconds = time.time() - t0
+            return out
+        self.write_configs(todo)
+        self.echo(f"training {len(todo)} point(s) with launcher={self.settings.launcher}"
+                  + (f" ({self.settings.hydra_launcher})" if self.settings.launcher == "hydra" else "")
+                  + f"; logs in {self.sweep_dir / 'logs'}")
+        self._estimates = estimates or {}
+        self._total = len(todo)
+        self._seen: set[str] = set()
+        if self.settings.launcher == "subprocess":
+            for p in todo:
+                self._launch([p], out, multirun=False)
+        else:
+            remaining = list(todo)
+            while remaining:
+                remaining = self._launch(remaining, out, multirun=True)
+        out.seconds = time.time() - t0
+        return out
+
+    def _launch(self, points: list[PlanPoint], out: Outcome, multirun: bool) -> list[PlanPoint]:
+        """Run ``points`` in one process; returns the points it neither finished nor failed."""
+        logs = self.sweep_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        log_path = logs / (f"multirun_{stamp}.log" if multirun else f"{points[0].name}.log")
+        cmd = train_command(self.settings.train_overrides, [p.name for p in points], self.conf_dir,
+                            multirun, self.settings.hydra_launcher, self.settings.launcher_overrides,
+                            self.sweep_dir / "multirun" / stamp)
+        out.commands.append(" ".join(cmd))
+        started = time.time()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(log_path, "ab") as log:
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            try:
+                while proc.poll() is None:
+                    time.sleep(self.poll_s)
+                    self._report_progress(points, started, out)
+            except KeyboardInterrupt:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                raise
+        rc = proc.returncode
+        latest = self._report_progress(points, started, out)
+        # Hydra's launchers catch a job's exception and go on with the next job; a job that
+        # started has its folder <hydra.sweep.dir>/<job number> (the order of `points`).
+        multirun_dir = self.sweep_dir / "multirun" / stamp
+        remaining, unrecorded = [], []
+        for i, p in enumerate(points):
+            c = latest.get(p.point_id)
+            fresh = c is not None and c.start_time >= started * 1000 - 1000
+            if c is not None and c.status == "FINISHED":
+                continue
+            if fresh and c.status in ("FAILED", "KILLED"):
+                out.failed.setdefault(p.name, f"run {c.run_id} {c.status}; see {log_path}: "
+                                      + _error_line(log_path, p.name))
+            elif not multirun or (multirun_dir / str(i)).is_dir():
+                unrecorded.append(p)  # it ran, but failed before creating its MLflow run
+            else:
+                remaining.append(p)  # never started: the process died first
+        crashed = rc < 0 or (remaining and rc != 0)
+        if crashed and unrecorded:
+            # the process died inside the last job it started; retry the others
+            *retry, culprit = unrecorded
+            remaining = retry + remaining
+            unrecorded = [culprit]
+        for p in unrecorded:
+            out.failed[p.name] = (f"exit code {rc}, no FINISHED run; see {log_path}: "
+                                  + _error_line(log_path, p.name))
+            self.echo(f"  ✗ {p.name}: {out.failed[p.name]}")
+        if remaining and not crashed:
+            for p in remaining:
+                out.failed[p.name] = f"never started (exit code {rc}); see {log_path}"
+            remaining = []
+        elif remaining and not unrecorded:  # no progress possible to tell apart: blame one
+            first = remaining.pop(0)
+            out.failed[first.name] = f"exit code {rc} before it started; see {log_path}: " \
+                + _error_line(log_path, first.name)
+        return remaining
+
+    def _report_progress(self, points: list[PlanPoint], started: float, out: Outcome) -> dict:
+        latest = self._latest_by_point()
+        for p in points:
+            c = latest.get(p.point_id)
+            if c is None or p.name in self._seen or c.start_time < started * 1000 - 1000:
+                continue
+            if c.status == "FINISHED":
+                self._seen.add(p.name)
+                out.finished.append(p.name)
+                loss = c.metrics.get("final/val_loss", float("nan"))
+                wall = (c.end_time - c.start_time) / 1000 if c.end_time else float("nan")
+                self.echo(f"  ✓ {p.name}  C={p.budget:.2g}  N={p.n_params_matmul:>10,}  "
+                          f"D={p.tokens:>12,}  val loss {loss:.4f}  {wall:5.0f} s  "
+                          f"[{len(self._seen)}/{self._total}]")
+            elif c.status in ("FAILED", "KILLED"):
+                self._seen.add(p.name)
+                self.echo(f"  ✗ {p.name}  {c.status} (run {c.run_id})  [{len(self._seen)}/{self._total}]")
+        return latest
+
+
+def _error_line(log_path: Path, point: str) -> str:
+    """The most telling line of a log: the last 'Error'/'Exception' line, else the last line.
+
+    In a basic-launcher multirun log, the lines after Hydra's ``#k : ... +sweep_point=<point>``
+    marker (up to the next marker) belong to that point; they are searched first.
+    """
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+
+    def best(seg: list[str]) -> str:
+        hits = [ln.strip() for ln in seg if ("Error" in ln or "Exception" in ln or
+                                             ln.startswith("error:")) and ln.strip()]
+        return hits[-1] if hits else ""
+
+    marks = [i for i, ln in enumerate(lines) if "[HYDRA]" in ln and "+sweep_point=" in ln]
+    mine = [i for i in marks if f"+sweep_point={point}" in lines[i]]
+    if mine:
+        end = next((j for j in marks if j > mine[-1]), len(lines))
+        hit = best(lines[mine[-1]:end])
+        if hit:
+            return hit[:300]
+    tail = [ln.strip() for ln in lines if ln.strip()]
+    return (best(lines) or (tail[-1] if tail else ""))[:300]
+
+
+def save_plan(plan: Plan, sweep_dir: Path, estimates: Optional[list[float]] = None) -> dict[str, Path]:  # noqa: UP045
+    """plan.json + plan.csv in the sweep folder (also logged to the parent run)."""
+    import pandas as pd
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    rows = plan.rows()
+    if estimates is not None:
+        for r, s in zip(rows, estimates, strict=True):
+            r["est_seconds"] = round(s, 1)
+    paths = {"json": sweep_dir / "plan.json", "csv": sweep_dir / "plan.csv"}
+    paths["json"].write_text(json.dumps(plan.to_dict(), indent=2, default=str) + "\n")
+    pd.DataFrame(rows).to_csv(paths["csv"], index=False)
+    return paths
+
+
+
+def fit_sweep(runs: Any, curves: Any, n_convention: str, flops_convention: str, n_boot: int,
+              source: str) -> tuple[Any, list[str]]:
+    """Fit every approach the data allows: (ScalingResults or None, notes on what was left out).
+
+    Each approach is first tried alone without bootstrap; the ones that fit go into one final
+    fit with bootstrap intervals and the extrapolation check.
+    """
+    from scalelab.scaling.fit import fit_scaling_laws
+    from scalelab.scaling.fit_data import FitInputError, FitOptions
+
+    notes, ok = [], []
+    for a in (1, 2, 3):
+        try:
+            fit_scaling_laws(runs, curves, FitOptions(
+                n_convention=n_convention, flops_convention=flops_convention, approaches=(a,),
+                n_boot=0, extrapolate=False), source=source)
+            ok.append(a)
+        except (FitInputError, ValueError, np_linalg_error()) as e:
+            notes.append(f"Approach {a} left out: {e}")
+    if not ok:
+        return None, notes
+    opts = FitOptions(n_convention=n_convention, flops_convention=flops_convention,
+                      approaches=tuple(ok), n_boot=n_boot)
+    return fit_scaling_laws(runs, curves, opts, source=source), notes
+
+
+def np_linalg_error() -> type[Exception]:
+    import numpy as np
+
+    return np.linalg.LinAlgError

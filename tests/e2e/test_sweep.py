@@ -1,0 +1,151 @@
+"""End to end: real `scalelab-sweep` processes against a real MLflow (SQLite) store.
+
+- a cpu_tiny sweep (2 budgets x 3 sizes) leaves one parent and 6 FINISHED children, the fit and
+  the report files; running it again trains nothing;
+- a sweep SIGKILLed (whole process group) after its first child finished, then rerun, trains
+  only the missing points.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+# Smaller than the preset: a little quicker, same structure (2 budgets x 3 sizes).
+FAST = ["sweep.val_evals=2", "sweep.bootstrap=10"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep_root")
+    e = dict(os.environ)
+    e["SCALELAB_ROOT"] = str(root)  # sweeps/, data_cache/, outputs/ land here, not in the repo
+    e["MLFLOW_TRACKING_URI"] = f"sqlite:///{root}/mlruns.db"
+    e["PYTHONUNBUFFERED"] = "1"
+    return root, e
+
+
+def _sweep(env, *args: str, **kw) -> subprocess.CompletedProcess:
+    _, e = env
+    return subprocess.run([sys.executable, "-m", "scalelab.cli.sweep", *args], env=e, cwd=REPO,
+                          capture_output=True, text=True, timeout=900, **kw)
+
+
+def _children(uri: str, name: str) -> tuple[str, list]:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(f"sweep_{name}")
+    runs = client.search_runs([exp.experiment_id], "", run_view_type=ViewType.ACTIVE_ONLY)
+    parents = [r for r in runs if r.data.tags.get("scalelab.sweep_role") == "parent"]
+    assert len(parents) == 1, f"expected one parent run, got {len(parents)}"
+    pid = parents[0].info.run_id
+    return pid, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == pid]
+
+
+def test_cpu_tiny_sweep_then_rerun_trains_nothing(env):
+    root, e = env
+    t0 = time.time()
+    first = _sweep(env, "sweep=cpu_tiny", *FAST)
+    wall = time.time() - t0
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "6 trained now" in first.stdout
+    pid, kids = _children(e["MLFLOW_TRACKING_URI"], "cpu_tiny")
+    assert len(kids) == 6
+    assert {k.info.status for k in kids} == {"FINISHED"}
+    assert len({k.data.tags["sweep_point_id"] for k in kids}) == 6
+    for k in kids:  # every convention is logged with each child
+        for key in ("n_params", "n_params_non_embedding", "n_params_matmul", "flops_per_token",
+                    "flops_per_token_6n", "compute"):
+            assert key in k.data.params
+        assert "final/val_loss" in k.data.metrics
+    sweep_dir = root / "sweeps" / "cpu_tiny"
+    for f in ("plan.json", "plan.csv", "runs.csv", "curves.csv", "report/report.md"):
+        assert (sweep_dir / f).is_file(), f
+    assert list((sweep_dir / "report").glob("*.png"))
+    client = MlflowClient(e["MLFLOW_TRACKING_URI"])
+    arts = {a.path for a in client.list_artifacts(pid)}
+    assert {"plan", "data", "report"} <= arts
+    parent = client.get_run(pid)
+    assert parent.data.params["n_points"] == "6"
+    assert any(k.startswith("fit/") for k in parent.data.metrics)
+    print(f"cpu_tiny sweep wall time: {wall:.0f} s")
+
+    second = _sweep(env, "sweep=cpu_tiny", *FAST)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "skipping 6 point(s)" in second.stdout and "nothing to train" in second.stdout
+    pid2, kids2 = _children(e["MLFLOW_TRACKING_URI"], "cpu_tiny")
+    assert pid2 == pid and len(kids2) == 6
+
+
+def test_killed_sweep_resumes_only_missing_points(env):
+    _, e = env
+    args = ["-m", "scalelab.cli.sweep", "sweep=cpu_tiny", "sweep.name=tiny_kill",
+            "sweep.budgets=[1e10]", "sweep.fit=false", *FAST]
+    proc = subprocess.Popen([sys.executable, *args], env=e, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    uri = e["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(uri)
+    finished: list = []
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(1.0)
+            exp = client.get_experiment_by_name("sweep_tiny_kill")
+            if exp is None:
+                continue
+            runs = client.search_runs([exp.experiment_id], "tags.sweep_point_id != ''")
+            finished = [r for r in runs if r.info.status == "FINISHED"]
+            if finished:
+                break
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its training process, at once
+        proc.wait()
+    assert len(finished) == 1, "the sweep should have been killed after its first point"
+    done_id = finished[0].data.tags["sweep_point_id"]
+
+    again = _sweep(env, "sweep=cpu_tiny", "sweep.name=tiny_kill", "sweep.budgets=[1e10]",
+                   "sweep.fit=false", *FAST)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "skipping 1 point(s)" in again.stdout
+    assert "2 trained now" in again.stdout
+    _, kids = _children(uri, "tiny_kill")
+    fin = [k for k in kids if k.info.status == "FINISHED"]
+    assert len(fin) == 3
+    assert len({k.data.tags["sweep_point_id"] for k in fin}) == 3  # nothing trained twice
+    assert [k.info.run_id for k in fin if k.data.tags["sweep_point_id"] == done_id] == \
+        [finished[0].info.run_id]
+    # the child that was running when the sweep died is closed as KILLED, not left RUNNING
+    assert not [k for k in kids if k.info.status == "RUNNING"]
+
+
+def test_plan_only_and_bad_plans(env):
+    ok = _sweep(env, "--plan-only", "sweep=cpu_tiny")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "sweep plan: 6 runs" in ok.stdout and "nothing ran" in ok.stdout
+    bad = _sweep(env, "--plan-only", "sweep=cpu_tiny", "sweep.budgets=[1e6]")
+    assert bad.returncode == 2
+    assert "error:" in bad.stderr and "too small" in bad.stderr
+
+
+def test_failing_points_do_not_stop_the_others(env):
+    _, e = env
+    # weight_decay=-1 passes the planner but fails in the training app (OptimConfig), once per
+    # point of that variant; the other variant's points must still train.
+    res = _sweep(env, "sweep=cpu_tiny", "sweep.name=tiny_fail", "sweep.budgets=[1e10]",
+                 "sweep.sizes_per_budget=2", "sweep.size_span=2.5", "sweep.fit=false",
+                 "optim.weight_decay=-1.0,0.1", *FAST)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "2 trained now" in res.stdout and "2 failed" in res.stdout
+    assert res.stdout.count("failed p0") == 2 and "weight_decay" in res.stdout
+    _, kids = _children(e["MLFLOW_TRACKING_URI"], "tiny_fail")
+    fin = [k for k in kids if k.info.status == "FINISHED"]
+    assert len(fin) == 2 and {k.data.tags["sweep_variant"] for k in fin} == {"optim.weight_decay=0.1"}
