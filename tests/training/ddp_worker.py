@@ -30,7 +30,8 @@ if __name__ == "__main__":
     )
     trainer.fit(module, loader(200, 4), loader(16, 4))
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}
-    print("RESULT " + json.dumps({
+    # One file per rank: both ranks share stdout, where their lines can interleave.
+    Path(f"result_rank{trainer.global_rank}.json").write_text(json.dumps({
         "rank": trainer.global_rank, "world": trainer.world_size, "tokens_seen": module.tokens_seen,
         "val": module.last_val, "sample": module.last_sample, "perf": perf,
-    }), flush=True)
+    }))

@@ -18,7 +18,7 @@ def test_ddp_counts_all_devices(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(worker)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    out = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("result_rank*.json"))]
     assert sorted(r["rank"] for r in out) == [0, 1]
     r0, r1 = sorted(out, key=lambda r: r["rank"])
     assert r0["world"] == 2
