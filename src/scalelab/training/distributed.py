@@ -42,6 +42,7 @@ _LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_S
 _saved_env: dict[str, str | None] | None = None
 _children: list[subprocess.Popen] = []
 
+
 class HydraAwareLauncher(_SubprocessScriptLauncher):
     """Lightning's popen launcher, with the child command supplied by the caller."""
 

@@ -61,7 +61,9 @@ def param_groups(
         if not p.requires_grad:
             continue
         is_embedding = id(p) in embed_ids
-        if p.ndim >= 2 and (decay_embeddings or not is_embedding):
+        # FSDP flattens parameters to 1-D shard views; distributed.py recorded the real ndim.
+        ndim = getattr(p, "scalelab_orig_ndim", p.ndim)
+        if ndim >= 2 and (decay_embeddings or not is_embedding):
             decay.append((name, p))
         else:
             no_decay.append((name, p))
