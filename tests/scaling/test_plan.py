@@ -129,7 +129,7 @@ def test_grid_mode():
         ({"mode": "nope"}, "sweep.mode"),
         ({"lr_rule": "sqrt"}, "sweep.lr_rule"),
         ({"variants": {"model.not_a_field": [1]}}, "not a ModelConfig field"),
-        ({"wsd": True}, "not supported yet"),
+        ({"wsd": True, "wsd_decay_fraction": 1.0}, "wsd_decay_fraction"),
         ({"wsd": True, "wsd_fractions": [0.5]}, "including 1.0"),
     ],
 )
@@ -204,3 +204,83 @@ def test_cli_routes_overrides():
         split_overrides(["model=nano,gpt2_tiny"])
     with pytest.raises(ValueError, match="Quote"):
         split_overrides(["sweep.train_overrides=[a=b]"])
+
+
+def test_wsd_plan_adds_cooldown_branches_from_stable_phase_checkpoints():
+    from scalelab.scaling.plan import wsd_decay_start
+    from scalelab.training.schedules import wsd_schedule
+
+    f = 0.2
+    plain = _plan()
+    plan = _plan(wsd=True, wsd_fractions=[0.25, 0.5, 1.0], wsd_decay_fraction=f)
+    mains = [p for p in plan.points if p.branch_of is None]
+    branches = [p for p in plan.points if p.branch_of is not None]
+    assert len(mains) == 15 and len(branches) == 30
+    assert [(m.tokens, m.n_params) for m in mains] == [(p.tokens, p.n_params) for p in plain.points]
+    by_id = {m.point_id: m for m in mains}
+    assert len({p.point_id for p in plan.points}) == 45
+    for b in branches:
+        m = by_id[b.branch_of]
+        assert b.branch_from == m.name and b.schedule == m.schedule == "wsd"
+        assert b.decay_fraction == f and b.warmup_steps == m.warmup_steps and b.lr == m.lr
+        q = b.steps / m.steps
+        assert min(abs(q - 0.25), abs(q - 0.5)) < 0.02
+        assert b.budget == pytest.approx(m.budget * round(q * 4) / 4)
+        assert b.tokens == b.steps * TPS  # D counts the inherited prefix
+        # the branch starts where its own decay starts, inside the main run's stable phase ...
+        assert b.start_step == wsd_decay_start(b.steps, f, b.warmup_steps) in m.save_at_steps
+        assert b.start_step < wsd_decay_start(m.steps, f, m.warmup_steps)
+        # ... the same rule the schedule uses, so both lr histories agree up to there
+        main_lr = wsd_schedule(m.steps, m.warmup_steps, 0.1, f)
+        branch_lr = wsd_schedule(b.steps, b.warmup_steps, 0.1, f)
+        assert [branch_lr(s) for s in range(b.start_step)] == [main_lr(s) for s in range(b.start_step)]
+        assert branch_lr(b.start_step - 1) == 1.0 and branch_lr(b.start_step) == 1.0
+        assert b.cost == b.flops_per_token * (b.steps - b.start_step) * TPS
+    for m in mains:
+        assert len(m.save_at_steps) == 2
+        assert m.optim_overrides(0.1, 0.99)["optim.schedule"] == "wsd"
+    # one run per size yields 3 loss points for ~1 + f * (0.25 + 0.5) = 1.15x its cost
+    ratio = plan.total_compute / plan.main_compute
+    assert ratio == pytest.approx(1 + f * 0.75, abs=0.01)
+    assert plan.main_compute == plain.total_compute
+    rows = plan.rows()
+    assert sum(1 for r in rows if r["wsd_branch_of"]) == 30
+
+
+def test_wsd_off_keeps_the_cosine_point_hashes():
+    a, b = _plan(), _plan(wsd=False, wsd_fractions=[0.5, 1.0])
+    assert [p.point_id for p in a.points] == [p.point_id for p in b.points]
+    assert all(p.schedule == "cosine" and not p.save_at_steps for p in a.points)
+
+
+def test_wsd_point_configs_compose_into_main_and_branch_runs(tmp_path):
+    from scalelab.scaling.run import (
+        BaseRun,
+        RunSettings,
+        compose,
+        point_overrides,
+        write_point_config,
+    )
+
+    plan = _plan(budgets=[3e12], sizes_per_budget=3, size_span=4.0, wsd=True,
+                 wsd_fractions=[0.5, 1.0])
+    main, branch = plan.points[1], next(p for p in plan.points if p.branch_of == plan.points[1].point_id)
+    settings = RunSettings(name="t", train_overrides=["model=gpt2_tiny", "model.max_seq_len=128",
+                                                      "train.global_batch_size=16", "tokenizer=byte"])
+    base = BaseRun(cfg=None, model_fields=BASE, tokens_per_step=TPS, micro_batch=16,
+                   block_size=128, train_tokens=None, tracking_uri="sqlite:///x.db",
+                   artifact_root=None, root=tmp_path, accelerator="cpu")
+    conf = tmp_path / "conf"
+    for p in (main, branch):
+        ov = point_overrides(p, plan.spec, settings, base, tmp_path, "PARENT", "sweep_t")
+        write_point_config(conf / "sweep_point" / f"{p.name}.yaml", p, ov)
+    cm, cb = (compose("train", [*settings.train_overrides, f"+sweep_point={p.name}",
+                                f"hydra.searchpath=[file://{conf}]"]) for p in (main, branch))
+    assert cm.optim.schedule == cb.optim.schedule == "wsd"
+    assert cm.optim.decay_fraction == cb.optim.decay_fraction == plan.spec.wsd_decay_fraction
+    assert cm.optim.warmup_steps == cb.optim.warmup_steps == main.warmup_steps
+    assert list(cm.train.save_at_steps) == [branch.start_step] and cm.train.init_from is None
+    assert cb.train.init_from == str(tmp_path / "runs" / main.name / "checkpoints"
+                                     / f"step_{branch.start_step}.ckpt")
+    assert cb.train.max_steps == branch.steps and cb.tags.wsd_branch_of == main.point_id
+    assert cb.paths.output_dir == str(tmp_path / "runs" / branch.name)

@@ -70,3 +70,18 @@ def test_errors() -> None:
         build_lr_lambda(OptimConfig(warmup_steps=10), 10)
     # constant: a warmup longer than the run is allowed (nothing to end exactly)
     assert build_lr_lambda(OptimConfig(schedule="constant", warmup_steps=10), 5)(0) == 0.1
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine", "sqrt"])
+def test_wsd_branch_shares_the_main_runs_lr_history_up_to_its_start(shape: str) -> None:
+    # sweep.wsd: a branch of S_b steps starts from the main run's checkpoint at the step where
+    # its own decay begins; up to there both schedules (same warmup, same stable lr) agree.
+    total, f, warm = 400, 0.2, 12
+    main = wsd_schedule(total, warm, 0.1, f, shape)
+    for q in (0.25, 0.5):
+        s_b = round(total * q)
+        branch = wsd_schedule(s_b, warm, 0.1, f, shape)
+        start = s_b - round(f * s_b)  # where the branch's decay starts (= its save step)
+        assert start < total - round(f * total)  # still in the main run's stable phase
+        assert [branch(s) for s in range(start)] == [main(s) for s in range(start)]
+        assert branch(start) == 1.0 and branch(s_b - 1) == pytest.approx(0.1)

@@ -74,3 +74,30 @@ class ProgressBar(TQDMProgressBar):
             v = float(value.item() if hasattr(value, "item") else value)
             shown[short] = f"{v:.0f}" if short == "tok/s" else f"{v:.3g}" if short in ("lr", "mfu") else f"{v:.4f}"
         return shown
+
+
+class StepCheckpoints(pl.Callback):
+    """Saves ``<dirpath>/step_<N>.ckpt`` (full state) when the optimizer step count reaches N.
+
+    For WSD cooldown branches (``train.save_at_steps``): a branch run starts from the stable
+    phase at step N with ``train.init_from``. Saved in ``on_train_batch_end`` like Lightning's
+    ModelCheckpoint(every_n_train_steps), so resuming from it continues with the next batch.
+    """
+
+    def __init__(self, dirpath: Any, steps: list[int]) -> None:
+        from pathlib import Path
+
+        self.dirpath = Path(dirpath)
+        self.steps = sorted({int(s) for s in steps})
+        self._saved: set[int] = set()
+
+    def path(self, step: int) -> Any:
+        return self.dirpath / f"step_{step}.ckpt"
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = int(trainer.global_step)
+        # with gradient accumulation several micro-batches share one global_step: save once
+        if step in self.steps and step not in self._saved:
+            self._saved.add(step)
+            trainer.save_checkpoint(self.path(step))

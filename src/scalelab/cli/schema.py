@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional  # noqa: UP035  (OmegaConf needs typing generics)
+from typing import Any, Dict, List, Optional  # noqa: UP035  (OmegaConf needs typing generics)
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -40,6 +40,11 @@ class TrainSection:
     compile: bool = False
     matmul_precision: str = "high"  # highest | high | medium
     num_threads: Optional[int] = None  # noqa: UP045
+    # WSD branches (sweep.wsd): save full-state checkpoints/step_<N>.ckpt at these optimizer steps
+    save_at_steps: List[int] = field(default_factory=list)  # noqa: UP006
+    # start a NEW run (new folder, new MLflow run) from this checkpoint: weights, optimizer,
+    # data position and step counter carry over; the lr schedule is rebuilt from this config
+    init_from: Optional[str] = None  # noqa: UP045
 
 
 @dataclass

@@ -68,11 +68,13 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
     from rich.table import Table
 
     multi = len(plan.variants) > 1
+    wsd = any(p.branch_of for p in plan.points)
     t = Table(title=f"sweep plan: {len(plan.points)} runs, "
                     f"{plan.total_compute:.3g} training FLOPs in all", show_lines=False)
     cols = ["point"] + (["variant"] if multi else []) + [
         "C (FLOPs)", "N (matmul)", "N non-emb", "N total", "d", "L", "heads", "D (tokens)",
-        "D/N", "steps", "lr", "warmup"] + (["est. time"] if estimates else [])
+        "D/N", "steps", "lr", "warmup"] + (["WSD branch of"] if wsd else []) + (
+        ["est. time"] if estimates else [])
     for c in cols:
         t.add_column(c, justify="left" if c in ("point", "variant") else "right")
     for i, p in enumerate(plan.points):
@@ -80,7 +82,8 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
             f"{p.budget:.3g}", f"{p.n_params_matmul:,}", f"{p.n_params_non_embedding:,}",
             f"{p.n_params:,}", str(p.d_model), str(p.n_layers), str(p.n_heads), f"{p.tokens:,}",
             f"{p.tokens / p.n_params_matmul:.1f}", str(p.steps), f"{p.lr:.2e}",
-            str(p.warmup_steps)] + ([_fmt_s(estimates[i])] if estimates else [])
+            str(p.warmup_steps)] + ([f"{p.branch_from} @ {p.start_step}" if p.branch_of else ""]
+                                    if wsd else []) + ([_fmt_s(estimates[i])] if estimates else [])
         t.add_row(*row)
     console.print(t)
     s = plan.spec
@@ -88,8 +91,16 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
         f"tokens/step {plan.tokens_per_step:,} (T={plan.seq_len}); lr rule {s.lr_rule} "
         f"(lr={s.lr:g}" + (f" x {s.base_width}/d, max {s.max_lr:g}" if s.lr_rule != "fixed" else "")
         + f"); warmup ~{s.warmup_tokens_per_param:g} N tokens, <= {s.max_warmup_fraction:.0%} of "
-        f"steps; cosine to {s.min_lr_ratio:g}x; AdamW beta2={s.beta2:g}; N convention "
+        f"steps; {'wsd' if s.wsd else 'cosine'} to {s.min_lr_ratio:g}x; AdamW beta2={s.beta2:g}; N convention "
         f"{s.n_convention}; FLOPs = 6N + 12LTd from ModelConfig")
+    n_branch = sum(1 for p in plan.points if p.branch_of)
+    if n_branch:
+        console.print(
+            f"WSD: {len(plan.points) - n_branch} main runs (decay over the last "
+            f"{s.wsd_decay_fraction:.0%}) + {n_branch} cooldown branches at "
+            f"{[q for q in s.wsd_fractions if q < 1]} x D, each started from its main run's "
+            f"stable-phase checkpoint; total cost {plan.total_compute:.3g} FLOPs = "
+            f"{plan.total_compute / plan.main_compute:.2f}x the main runs")
     if estimates:
         total = sum(estimates)
         par = f"; {_fmt_s(total / parallel)} with {parallel} runs at a time" if parallel > 1 else ""

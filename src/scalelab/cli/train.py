@@ -86,6 +86,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     t_start = time.time()
     rank0 = is_global_zero()
     spec = build_spec(cfg)  # every config error surfaces here, before any IO
+    _check_branch_keys(cfg, spec)
 
     out_dir = _output_dir(cfg)
     cfg.paths.output_dir = str(out_dir)  # the saved config names the folder actually used
@@ -195,6 +196,14 @@ def _resume_point(cfg: DictConfig, out_dir: Path) -> tuple[Optional[Path], Optio
                 f"resume=true: {ckpt} does not exist; the run in {out_dir} never reached its "
                 "first checkpoint (train.val_every steps). Start it again without resume=true."
             )
+    elif cfg.train.get("init_from"):
+        # a NEW run from another run's checkpoint (WSD branch): step, optimizer and data
+        # position carry over, but never the source run's MLflow run or folder
+        ckpt = Path(str(cfg.train.init_from)).expanduser().resolve()
+        if not (ckpt.is_file() or _is_sharded(ckpt)):
+            raise FileNotFoundError(f"train.init_from={cfg.train.init_from}: no such checkpoint "
+                                    "file (e.g. <run folder>/checkpoints/step_<N>.ckpt)")
+        return ckpt, None
     else:
         return None, None
     run_id = None
@@ -202,6 +211,19 @@ def _resume_point(cfg: DictConfig, out_dir: Path) -> tuple[Optional[Path], Optio
     if ckpt.parent.parent == out_dir and rid.is_file():
         run_id = rid.read_text().strip() or None
     return ckpt, run_id
+
+
+def _check_branch_keys(cfg: DictConfig, spec: RunSpec) -> None:
+    """train.save_at_steps / train.init_from: bad values fail before any IO."""
+    bad = [int(s) for s in cfg.train.get("save_at_steps") or [] if not 1 <= int(s) <= spec.max_steps]
+    if bad:
+        raise ValueError(f"train.save_at_steps={list(cfg.train.save_at_steps)}: steps {bad} are "
+                         f"outside 1..{spec.max_steps} (the run's optimizer steps)")
+    if cfg.train.get("init_from") and not (cfg.resume or cfg.ckpt_path):
+        step = module_start_step(Path(str(cfg.train.init_from)).expanduser())
+        if step >= spec.max_steps:
+            raise ValueError(f"train.init_from={cfg.train.init_from} is at step {step}, but the run "
+                             f"has only {spec.max_steps} steps; raise train.max_steps")
 
 
 class _DropNoise(logging.Filter):
@@ -385,6 +407,10 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
         ))
     if cfg.trainer.enable_progress_bar:
         cbs.append(ProgressBar(refresh_rate=int(cfg.callbacks.progress_bar.refresh_rate)))
+    if cfg.train.get("save_at_steps") and not cfg.trainer.fast_dev_run:
+        from scalelab.cli.callbacks import StepCheckpoints
+
+        cbs.append(StepCheckpoints(out_dir / "checkpoints", list(cfg.train.save_at_steps)))
     cbs.extend(training_callbacks(cfg, spec, model_cfg, data))
     return cbs
 

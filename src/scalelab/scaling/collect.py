@@ -66,6 +66,8 @@ def _row(c: ChildRun) -> dict:
         "n_heads": int(_num(p, "n_heads", 0)), "lr": _num(p, "lr"),
         "steps": int(_num(p, "max_steps", 0)), "tokens_per_step": _num(p, "global_batch_tokens"),
         "wall_s": wall, "status": c.status,
+        # WSD cooldown branch: point id of the main run it branched from ("" otherwise)
+        "wsd_branch_of": t.get("wsd_branch_of", ""),
     }
 
 

@@ -156,6 +156,9 @@ class SweepSpec:
                 raise ValueError(f"sweep.wsd_fractions={self.wsd_fractions!r}: fractions of D in "
                                  "(0, 1], including 1.0")
             self.wsd_fractions = sorted(set(fr))
+            if not 0 < self.wsd_decay_fraction < 1:
+                raise ValueError(f"sweep.wsd_decay_fraction={self.wsd_decay_fraction!r}: the final "
+                                 "fraction of each run that decays, in (0, 1)")
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -200,6 +203,18 @@ class PlanPoint:
     branch_of: Optional[str] = None  # noqa: UP045  # WSD: id of the run whose stable phase it continues
     index: int = 0
     point_id: str = ""
+    # WSD (sweep.wsd): schedule of the run, steps where the main run saves stable-phase
+    # checkpoints, and for a branch the main run's name and the step it starts from
+    schedule: str = "cosine"
+    decay_fraction: Optional[float] = None  # noqa: UP045
+    save_at_steps: list[int] = field(default_factory=list)
+    branch_from: str = ""  # name of the main point (its run folder holds the checkpoint)
+    start_step: int = 0
+
+    @property
+    def cost(self) -> int:
+        """FLOPs this run itself trains (a WSD branch inherits its first start_step steps)."""
+        return self.flops_per_token * (self.steps - self.start_step) * self.tokens_per_step
 
     @property
     def compute(self) -> int:
@@ -215,9 +230,12 @@ class PlanPoint:
                 "total": self.n_params}[convention]
 
     def optim_overrides(self, min_lr_ratio: float, beta2: float) -> dict[str, Any]:
-        return {"optim.lr": self.lr, "optim.warmup_steps": self.warmup_steps,
-                "optim.schedule": "cosine", "optim.min_lr_ratio": min_lr_ratio,
-                "optim.beta2": beta2}
+        d = {"optim.lr": self.lr, "optim.warmup_steps": self.warmup_steps,
+             "optim.schedule": self.schedule, "optim.min_lr_ratio": min_lr_ratio,
+             "optim.beta2": beta2}
+        if self.schedule == "wsd":
+            d["optim.decay_fraction"] = self.decay_fraction
+        return d
 
     def as_row(self) -> dict[str, Any]:
         return {
@@ -227,7 +245,8 @@ class PlanPoint:
             "n_heads": self.n_heads, "D": self.tokens,
             "tokens_per_param": self.tokens / self.n_params_matmul, "C": self.compute,
             "steps": self.steps, "lr": self.lr, "warmup_steps": self.warmup_steps,
-        }
+        } | ({"wsd_branch_of": self.branch_from, "start_step": self.start_step, "cost": self.cost}
+             if self.schedule == "wsd" else {})
 
 
 @dataclass
@@ -246,7 +265,13 @@ class Plan:
 
     @property
     def total_compute(self) -> int:
-        return sum(p.compute for p in self.points)
+        """FLOPs the sweep trains (WSD branches count only the steps they add)."""
+        return sum(p.cost for p in self.points)
+
+    @property
+    def main_compute(self) -> int:
+        """FLOPs of the points that are not WSD branches."""
+        return sum(p.cost for p in self.points if p.branch_of is None)
 
     def rows(self) -> list[dict[str, Any]]:
         return [p.as_row() for p in self.points]
@@ -419,13 +444,6 @@ def make_plan(
     differ (e.g. the base train overrides); it enters every point hash.
     """
     _positive_int("tokens_per_step", tokens_per_step)
-    if spec.wsd:
-        # Cooldown branches need checkpoints of the stable phase at D/4, D/2, ...; the train
-        # app keeps only last.ckpt/best.ckpt, so there is nothing to branch from yet.
-        raise ValueError(
-            "sweep.wsd=true is not supported yet: WSD cooldown branches resume from stable-phase "
-            "checkpoints at fractions of D, and scalelab-train keeps only last.ckpt. Use "
-            "sweep.wsd=false (cosine runs, one per point)")
     base = {k: v for k, v in dict(base_model).items() if k not in ("d_model", "n_layers", "n_heads")}
     _make(family.layer_choices[0], family.width_step, family, base)  # bad base fields fail here
     seq_len = int(seq_len or base.get("max_seq_len", ModelConfig.max_seq_len))
@@ -445,16 +463,60 @@ def make_plan(
     ident = identity or {}
     for i, p in enumerate(points):
         p.index = i
-        p.point_id = point_hash({"model": p.model_overrides, "extra": p.extra_overrides,
-                                 "tokens": p.tokens, "lr": p.lr, "warmup": p.warmup_steps,
-                                 "min_lr_ratio": spec.min_lr_ratio, "beta2": spec.beta2,
-                                 "base_model": base, "identity": ident})
+        payload = {"model": p.model_overrides, "extra": p.extra_overrides,
+                   "tokens": p.tokens, "lr": p.lr, "warmup": p.warmup_steps,
+                   "min_lr_ratio": spec.min_lr_ratio, "beta2": spec.beta2,
+                   "base_model": base, "identity": ident}
+        if spec.wsd:  # only then: cosine sweeps keep the hashes they always had
+            payload["wsd"] = {"decay_fraction": spec.wsd_decay_fraction,
+                              "fractions": spec.wsd_fractions}
+        p.point_id = point_hash(payload)
+    if spec.wsd:
+        points += _wsd_branches(points, spec)
     ids = [p.point_id for p in points]
     if len(set(ids)) != len(ids):
         dup = sorted({p.name for p in points if ids.count(p.point_id) > 1})
         raise ValueError(f"plan has duplicate runs {dup}: two budgets map to the same (N, D); "
                          "space the budgets further apart")
     return Plan(spec, family, base, tokens_per_step, seq_len, points, train_tokens)
+
+
+def wsd_decay_start(total_steps: int, decay_fraction: float, warmup_steps: int) -> int:
+    """First decaying step of a WSD run; the same rule as training.schedules.wsd_schedule."""
+    return max(warmup_steps, total_steps - max(1, round(decay_fraction * total_steps)))
+
+
+def _wsd_branches(mains: list[PlanPoint], spec: SweepSpec) -> list[PlanPoint]:
+    """WSD: every point decays over its last wsd_decay_fraction of steps, and for each fraction
+    q < 1 of its D a cooldown branch of round(q * steps) steps starts from the point's own
+    checkpoint at the step where the branch's decay begins. Up to there the branch's schedule
+    (same warmup, same peak lr) equals the main run's, so the branch is exactly a run of q*D
+    tokens, at a cost of only its decay steps. Branch budgets are q * the main budget (their
+    FLOPs), so the branches of one budget form IsoFLOP curves of their own."""
+    f = spec.wsd_decay_fraction
+    out: list[PlanPoint] = []
+    for m in mains:
+        m.schedule, m.decay_fraction = "wsd", f
+        for q in spec.wsd_fractions:
+            if q >= 1.0:
+                continue
+            steps = round(m.steps * q)
+            start = wsd_decay_start(steps, f, m.warmup_steps)
+            if steps < 2 or start <= m.warmup_steps:
+                raise ValueError(
+                    f"sweep.wsd_fractions: the {q:g} x D branch of {m.name} (budget "
+                    f"C={m.budget:.3g}, {m.steps} steps) has {steps} steps and would start its "
+                    f"decay at step {start}, inside the {m.warmup_steps}-step warmup. Drop that "
+                    "fraction, raise the budget, or lower sweep.max_warmup_fraction")
+            b = dataclasses.replace(
+                m, budget=m.budget * q, tokens=steps * m.tokens_per_step, steps=steps,
+                branch_of=m.point_id, branch_from=m.name, start_step=start, save_at_steps=[],
+                point_id=point_hash({"wsd_branch_of": m.point_id, "steps": steps}))
+            m.save_at_steps.append(start)
+            out.append(b)
+    for i, b in enumerate(out, start=len(mains)):
+        b.index = i
+    return out
 
 
 def _point(cfg: ModelConfig, budget: float, tokens: float, tps: int, variant: str,
@@ -598,6 +660,6 @@ def measure_flops_per_s(plan: Plan, micro_batch: int, time_budget_s: float = 8.0
 
 def estimate_seconds(plan: Plan, flops_per_s: dict[tuple[int, int, str], float],
                      overhead_s: float = 0.0) -> list[float]:
-    """Estimated wall time of each point: compute / measured FLOP/s + a fixed start-up cost."""
-    return [p.compute / flops_per_s[(p.n_layers, p.d_model, p.variant)] + overhead_s
+    """Estimated wall time of each point: its own FLOPs / measured FLOP/s + a start-up cost."""
+    return [p.cost / flops_per_s[(p.n_layers, p.d_model, p.variant)] + overhead_s
             for p in plan.points]

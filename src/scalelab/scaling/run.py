@@ -202,15 +202,27 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
         "paths.output_dir": str(sweep_dir / "runs" / p.name),
     }
     d |= p.optim_overrides(spec.min_lr_ratio, spec.beta2)
+    if p.save_at_steps:  # WSD main run: stable-phase checkpoints for its cooldown branches
+        d["train.save_at_steps"] = list(p.save_at_steps)
+    if p.branch_of:  # WSD branch: a new run from the main run's checkpoint at start_step
+        d["train.init_from"] = str(branch_checkpoint(p, sweep_dir))
     d |= {f"tags.{k}": v for k, v in point_tags(p, settings).items()}
     d |= dict(p.extra_overrides)
     return d
 
 
 def point_tags(p: PlanPoint, settings: RunSettings) -> dict[str, str]:
-    return {"sweep_point_id": p.point_id, "sweep_point": p.name, "sweep_name": settings.name,
+    tags = {"sweep_point_id": p.point_id, "sweep_point": p.name, "sweep_name": settings.name,
             "sweep_budget": f"{p.budget:.6g}", "sweep_variant": p.variant,
             "sweep_size_index": str(p.size_index)}
+    if p.branch_of:
+        tags |= {"wsd_branch_of": p.branch_of, "wsd_start_step": str(p.start_step)}
+    return tags
+
+
+def branch_checkpoint(p: PlanPoint, sweep_dir: Path) -> Path:
+    """Where a WSD branch's main run saves the checkpoint the branch starts from."""
+    return sweep_dir / "runs" / p.branch_from / "checkpoints" / f"step_{p.start_step}.ckpt"
 
 
 def write_point_config(path: Path, p: PlanPoint, overrides: dict[str, Any]) -> None:
@@ -319,21 +331,48 @@ class SweepRunner:
         self._estimates = estimates or {}
         self._total = len(todo)
         self._seen: set[str] = set()
-        if self.settings.launcher == "subprocess":
-            for p in todo:
-                self._launch([p], out, multirun=False)
-        else:
-            remaining = list(todo)
-            while remaining:
-                remaining = self._launch(remaining, out, multirun=True)
+        # WSD: main runs first; then the cooldown branches whose main run finished (a second
+        # launch), since each branch starts from a checkpoint its main run saves on the way
+        self._launch_all([p for p in todo if p.branch_of is None], out)
+        branches = [p for p in todo if p.branch_of is not None]
+        if branches:
+            latest = self._latest_by_point()
+            ready = []
+            for p in branches:
+                main = latest.get(p.branch_of or "")
+                ckpt = branch_checkpoint(p, self.sweep_dir)
+                if main is None or main.status != "FINISHED":
+                    out.failed[p.name] = f"its main run {p.branch_from} did not finish; rerun the sweep"
+                elif not ckpt.is_file():
+                    out.failed[p.name] = (f"{ckpt} is missing (the main run's folder was moved or "
+                                          f"cleaned); delete the FINISHED run of {p.branch_from} "
+                                          "in MLflow and rerun the sweep to retrain it")
+                else:
+                    ready.append(p)
+                    continue
+                self.echo(f"  ✗ {p.name}: {out.failed[p.name]}")
+            if ready:
+                self.echo(f"training {len(ready)} WSD cooldown branch(es)")
+                self._launch_all(ready, out)
         out.seconds = time.time() - t0
         return out
+
+    def _launch_all(self, points: list[PlanPoint], out: Outcome) -> None:
+        if self.settings.launcher == "subprocess":
+            for p in points:
+                self._launch([p], out, multirun=False)
+        else:
+            remaining = list(points)
+            while remaining:
+                remaining = self._launch(remaining, out, multirun=True)
 
     def _launch(self, points: list[PlanPoint], out: Outcome, multirun: bool) -> list[PlanPoint]:
         """Run ``points`` in one process; returns the points it neither finished nor failed."""
         logs = self.sweep_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
+        if (self.sweep_dir / "multirun" / stamp).exists():  # two launches in one second (WSD)
+            stamp += f"_{time.time_ns() % 1_000_000:06d}"
         log_path = logs / (f"multirun_{stamp}.log" if multirun else f"{points[0].name}.log")
         cmd = train_command(self.settings.train_overrides, [p.name for p in points], self.conf_dir,
                             multirun, self.settings.hydra_launcher, self.settings.launcher_overrides,
