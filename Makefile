@@ -19,10 +19,10 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	@# Install torch first, pinned, so pip never pulls a multi-GB CUDA build on a CPU-only machine.
 	$(PIP) install -q $(TORCH_SPEC)
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,hf]"
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create .venv and install scalelab with its dev extra
+install: $(STAMP) ## Create .venv and install scalelab with its dev and hf extras
 
 test: $(STAMP) ## Run the fast tests
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
