@@ -35,11 +35,9 @@ class PowerLaw:
         return cls(exponent=float(slope), coefficient=float(np.exp(icpt)))
 
 
-@dataclass
-class EnvelopeFit:
-    """Approach 1 result. ``points``: C, N_opt, D_opt, loss, run_id per FLOP level."""
+class _OptimumExponents:
+    """``a`` and ``b`` of N_opt ∝ C^a and D_opt ∝ C^b, for results holding both power laws."""
 
-    points: pd.DataFrame
     n_opt: PowerLaw
     d_opt: PowerLaw
 
@@ -50,6 +48,15 @@ class EnvelopeFit:
     @property
     def b(self) -> float:
         return self.d_opt.exponent
+
+
+@dataclass
+class EnvelopeFit(_OptimumExponents):
+    """Approach 1 result. ``points``: C, N_opt, D_opt, loss, run_id per FLOP level."""
+
+    points: pd.DataFrame
+    n_opt: PowerLaw
+    d_opt: PowerLaw
 
 
 def fit_envelope(curves: pd.DataFrame, n_levels: int = 60, min_runs: int = 2,
@@ -93,7 +100,7 @@ def fit_envelope(curves: pd.DataFrame, n_levels: int = 60, min_runs: int = 2,
 
 
 @dataclass
-class IsoFlopFit:
+class IsoFlopFit(_OptimumExponents):
     """Approach 2 result.
 
     ``budgets``: one row per budget: budget, n_sizes, coef (c2, c1, c0 of loss = c2 x^2 +
@@ -104,14 +111,6 @@ class IsoFlopFit:
     budgets: pd.DataFrame
     n_opt: PowerLaw
     d_opt: PowerLaw
-
-    @property
-    def a(self) -> float:
-        return self.n_opt.exponent
-
-    @property
-    def b(self) -> float:
-        return self.d_opt.exponent
 
     @property
     def usable(self) -> pd.DataFrame:
