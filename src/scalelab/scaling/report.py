@@ -37,6 +37,14 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path) -> Path:
+    """Lay out, write and close a figure (closing frees it: sweeps draw many)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _plt().close(fig)
+    return path
+
+
 def _suffix(results: ScalingResults, vf: VariantFit) -> str:
     if len(results.variants) == 1:
         return ""
@@ -63,10 +71,7 @@ def plot_loss_vs_tokens(vf: VariantFit, path: Path) -> Path:
     ax.set_title(f"Loss vs tokens per model size [{vf.variant}]")
     if len(sizes) <= 12:
         ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_isoflop(vf: VariantFit, path: Path) -> Path:
@@ -92,10 +97,7 @@ def plot_isoflop(vf: VariantFit, path: Path) -> Path:
     ax.set_ylabel("final loss (nats)")
     ax.set_title(f"IsoFLOP profiles [{vf.variant}] (* = minimum, dashed = flagged)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _band(vf: VariantFit, prefix: str, which: str, cgrid: np.ndarray, ci: float):
@@ -162,10 +164,7 @@ def plot_frontier(vf: VariantFit, path: Path, ci: float = 0.95) -> Path:
         ax.set_ylabel("N_opt (parameters)" if which == "n" else "D_opt (tokens)")
         ax.legend(fontsize=7)
     fig.suptitle(f"Compute-optimal frontier [{vf.variant}] (bands: {ci:.0%} bootstrap)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_parametric(vf: VariantFit, path: Path) -> Path:
@@ -181,10 +180,7 @@ def plot_parametric(vf: VariantFit, path: Path) -> Path:
     ax.set_title(f"[{vf.variant}] E={f.E:.3g} A={f.A:.3g} B={f.B:.3g}\nα={f.alpha:.3f} β={f.beta:.3f}", fontsize=9)
     ax.set_xlabel("actual loss")
     ax.set_ylabel("predicted loss L(N, D)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _md_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
