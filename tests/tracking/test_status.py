@@ -1,4 +1,6 @@
-"""Ctrl-C (SIGINT) during training ends the MLflow run as KILLED, through the real CLI."""
+"""Ctrl-C (SIGINT) during training ends the MLflow run as KILLED with exit code 130, through
+the real CLI. The child resets SIGINT to the default itself: from a shell without job control
+(CI, `make test &`) it would inherit "ignore SIGINT" and never stop."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from .signal_helpers import default_signals
 
 
 @pytest.mark.slow
@@ -25,21 +29,27 @@ def test_ctrl_c_marks_the_run_killed(tmp_path: Path, shared_data_dir: Path, trai
             *train_cli.isolated(tmp_path, tracking_uri=uri),
         ),
         cwd=train_cli.repo, env=train_cli.env(), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+        stderr=subprocess.STDOUT, text=True, preexec_fn=default_signals,
     )
-    client = MlflowClient(uri)
-    deadline = time.time() + 300
-    run_id = None
-    while True:  # wait until training is really under way
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.time() < deadline, "training did not start in time"
-        rid = run_dir / "mlflow_run_id"
-        if rid.is_file():
-            run_id = rid.read_text().strip()
-            if client.get_metric_history(run_id, "train/loss"):
-                break
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    try:
+        client = MlflowClient(uri)
+        deadline = time.time() + 300
+        run_id = None
+        while True:  # wait until training is really under way
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.time() < deadline, "training did not start in time"
+            rid = run_dir / "mlflow_run_id"
+            if rid.is_file():
+                run_id = rid.read_text().strip()
+                if client.get_metric_history(run_id, "train/loss"):
+                    break
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 130, out[-3000:]
     assert client.get_run(run_id).info.status == "KILLED", out[-2000:]
+    assert "resume with: scalelab-train" in out

@@ -86,6 +86,7 @@ class LoggerSchema:
     system_metrics_interval: float = 10.0
     log_checkpoint: bool = True
     probe_timeout: float = 3.0
+    outage_wait_s: float = 120.0  # at the end, wait this long for a tracking server that went away
 
 
 @dataclass

@@ -83,6 +83,16 @@ def _hydra_main(cfg: DictConfig) -> Optional[float]:  # noqa: UP045
 # --- the run ------------------------------------------------------------------------------
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run one training job from a composed config; returns the summary dict."""
+    from scalelab.training.signals import STOP
+
+    STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
+    try:
+        return _train(cfg)
+    finally:
+        STOP.uninstall()
+
+
+def _train(cfg: DictConfig) -> dict[str, Any]:
     t_start = time.time()
     rank0 = is_global_zero()
     spec = build_spec(cfg)  # every config error surfaces here, before any IO
@@ -92,6 +102,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     cfg.paths.output_dir = str(out_dir)  # the saved config names the folder actually used
     if rank0:
         out_dir.mkdir(parents=True, exist_ok=True)
+    from scalelab.training.signals import is_slurm_requeue
+
+    if is_slurm_requeue() and not cfg.ckpt_path and (out_dir / "checkpoints" / "last.ckpt").exists():
+        cfg.resume = True  # SLURM started this job again after a requeue: continue it
     ckpt_path, resume_run_id = _resume_point(cfg, out_dir)
 
     tracking_uri = None
@@ -112,18 +126,23 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     model_cfg = spec.with_vocab(data["vocab_size"])
 
     tracker = _start_tracker(cfg, spec, tracking_uri, resume_run_id, rank0)
-    if rank0 and tracker.run_id:
-        (out_dir / RUN_ID_FILE).write_text(tracker.run_id + "\n")
-
     try:
+        if rank0 and tracker.run_id:
+            (out_dir / RUN_ID_FILE).write_text(tracker.run_id + "\n")
         summary = _tracked_run(cfg, spec, model_cfg, data, tracker, out_dir, ckpt_path, t_start)
     except BaseException as e:
+        from scalelab.cli.stopping import on_stop
+
+        status = "KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        tracker.end(status)  # no-op if the status guard closed it; covers errors before it
+        stop = on_stop(cfg, out_dir, tracker, e, rank0)
         if rank0:  # sweeps read the folder's outcome without MLflow
-            status = "KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED"
             (out_dir / SUMMARY_FILE).write_text(json.dumps({
                 "status": status, "run_id": tracker.run_id, "output_dir": str(out_dir),
-                "error": f"{type(e).__name__}: {e}",
+                "error": f"{type(e).__name__}: {e}", **(stop[0] if stop else {}),
             }, indent=2) + "\n")
+        if stop is not None:
+            raise stop[1] from None  # exit code 128 + signal (143 for SIGTERM, 130 for Ctrl-C)
         raise
     if rank0:
         summary["status"] = "FINISHED"
@@ -160,11 +179,22 @@ def _tracked_run(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str,
         t_fit = time.time()
         trainer.fit(module, datamodule=data["datamodule"], ckpt_path=str(ckpt_path) if ckpt_path else None)
         fit_seconds = time.time() - t_fit
+        _stop_if_signalled(cfg, trainer, out_dir)
         if trainer.interrupted:
             raise KeyboardInterrupt  # Lightning swallowed Ctrl-C: record the run as KILLED
 
         return _finish(cfg, spec, model_cfg, data, trainer, module, tracker, out_dir,
                        val_steps, fit_seconds, t_start, resumed_from=ckpt_path)
+
+
+def _stop_if_signalled(cfg: DictConfig, trainer: Any, out_dir: Path) -> None:
+    """A signal that came during the last step (or validation) still stops the run, after a
+    checkpoint of the state it reached."""
+    from scalelab.training.signals import STOP
+
+    if STOP.signum is not None and cfg.callbacks.checkpoint.enabled and not cfg.trainer.fast_dev_run:
+        trainer.save_checkpoint(out_dir / "checkpoints" / "last.ckpt")
+    STOP.raise_if_stopped()
 
 
 # --- pieces ---------------------------------------------------------------------------------
@@ -315,6 +345,8 @@ def _start_tracker(cfg: DictConfig, spec: RunSpec, uri: Optional[str],  # noqa: 
         parent_run_id=cfg.logger.parent_run_id,
         resume_run_id=resume_run_id,
         probe_timeout=float(cfg.logger.probe_timeout),
+        folder=Path(cfg.paths.output_dir),
+        outage_wait_s=float(cfg.logger.get("outage_wait_s", 120.0)),
     )
 
 
@@ -384,6 +416,7 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
 
     from scalelab.cli.callbacks import ProgressBar, RunState
     from scalelab.cli.modules import training_callbacks
+    from scalelab.training.signals import SaveOnStop
 
     class _ValSteps(pl.Callback):
         def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -394,17 +427,18 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
     ck = cfg.callbacks.checkpoint
     if ck.enabled and not cfg.trainer.fast_dev_run:
         every = int(ck.every_n_steps) if ck.every_n_steps else None
-        cbs.append(ModelCheckpoint(
-            dirpath=out_dir / "checkpoints",
-            filename="best",
-            monitor=str(ck.monitor) if ck.save_best else None,
-            mode="min",
-            save_top_k=1 if ck.save_best else 0,
-            save_last=bool(ck.save_last),
-            every_n_train_steps=every,
-            auto_insert_metric_name=False,
-            enable_version_counter=False,
-        ))
+        common = {"dirpath": out_dir / "checkpoints", "every_n_train_steps": every,
+                  "auto_insert_metric_name": False, "enable_version_counter": False}
+        if ck.save_best:
+            cbs.append(ModelCheckpoint(filename="best", monitor=str(ck.monitor), mode="min",
+                                       save_top_k=1, save_last=False, **common))
+        if ck.save_last:
+            # its own callback: Lightning writes save_last only on a step where a best/top-k
+            # file was written, so with save_best=false (sweeps) or a loss that stops
+            # improving, last.ckpt would never be refreshed
+            cbs.append(ModelCheckpoint(filename="last", monitor=None, save_top_k=1,
+                                       save_last=False, **common))
+            cbs.append(SaveOnStop(out_dir / "checkpoints"))  # on SIGTERM/Ctrl-C/SIGUSR1
     if cfg.trainer.enable_progress_bar:
         cbs.append(ProgressBar(refresh_rate=int(cfg.callbacks.progress_bar.refresh_rate)))
     if cfg.train.get("save_at_steps") and not cfg.trainer.fast_dev_run:
@@ -480,6 +514,7 @@ def _finish(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, Any]
     fast = bool(cfg.trainer.fast_dev_run)
     if not fast and (not val_steps or val_steps[-1] != step):
         trainer.validate(module, datamodule=data["datamodule"], verbose=False)
+        _stop_if_signalled(cfg, trainer, out_dir)
     cm = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
     val_loss = cm.get("val/loss")
     last_ckpt = out_dir / "checkpoints" / "last.ckpt"

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from pytorch_lightning.loggers import MLFlowLogger
 
+from scalelab.tracking.spool import Spool, read_pending
 from scalelab.tracking.store import (
     experiment_artifact_location,
     is_remote,
@@ -71,6 +72,12 @@ class _RunLogger(MLFlowLogger):
     def __init__(self, tracker: Tracker, skip_until: dict[str, int]) -> None:
         super().__init__(run_id=tracker.run_id, tracking_uri=tracker.tracking_uri)
         self._skip_until = skip_until
+        self._client = _SpoolClient(tracker.spool)
+
+    @property
+    def experiment(self) -> Any:
+        """Lightning's metric calls go through the Tracker's spool (buffered in an outage)."""
+        return self._client
 
     def log_hyperparams(self, params: Any) -> None:
         return None
@@ -86,14 +93,41 @@ class _RunLogger(MLFlowLogger):
         return None
 
 
+class _SpoolClient:
+    """What MLFlowLogger calls ``experiment``: log_batch goes through the spool, reads go direct."""
+
+    def __init__(self, spool: Spool) -> None:
+        self._spool = spool
+
+    def log_batch(self, run_id: str, metrics: Any = (), params: Any = (), tags: Any = (),
+                  **_: Any) -> None:
+        self._spool.log_batch(metrics or (), params or (), tags or ())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._spool.client, name)
+
+
+def process_tags() -> dict[str, str]:
+    """Who runs the run: a RUNNING run whose process is gone can then be found and closed."""
+    import socket
+
+    import psutil
+
+    return {"scalelab.host": socket.gethostname(), "scalelab.pid": str(os.getpid()),
+            "scalelab.pid_start": f"{psutil.Process().create_time():.2f}"}
+
+
 class Tracker:
     """Rank-0 handle on one MLflow run (new, or reopened for a resume)."""
 
-    def __init__(self, client: MlflowClient, run_id: str, tracking_uri: str, resumed: bool) -> None:
+    def __init__(self, client: MlflowClient, run_id: str, tracking_uri: str, resumed: bool,
+                 folder: Path | None = None, outage_wait_s: float = 120.0) -> None:
         self.client = client
         self.run_id = run_id
         self.tracking_uri = tracking_uri
         self.resumed = resumed
+        self.spool = Spool(client, run_id, tracking_uri, folder)
+        self.outage_wait_s = outage_wait_s
         run = client.get_run(run_id)
         self.experiment_id = run.info.experiment_id
         self._existing_params = dict(run.data.params)
@@ -118,8 +152,14 @@ class Tracker:
         parent_run_id: str | None = None,
         resume_run_id: str | None = None,
         probe_timeout: float = 3.0,
+        folder: Path | None = None,
+        outage_wait_s: float = 120.0,
     ) -> Tracker:
-        """Create a run (or reopen ``resume_run_id``) in ``experiment_name``."""
+        """Create a run (or reopen ``resume_run_id``) in ``experiment_name``.
+
+        ``folder`` (the run folder) holds the calls an outage kept from the server
+        (mlflow_pending.jsonl); ``outage_wait_s`` is how long ``end`` waits for it to return.
+        """
         probe(tracking_uri, timeout=probe_timeout)
         mlflow.set_tracking_uri(tracking_uri)  # for anything that uses the fluent API
         with sqlite_init_lock(tracking_uri):  # a new SQLite store is created/migrated here, once
@@ -134,16 +174,22 @@ class Tracker:
                     f"not in {tracking_uri}: {e.message}. Resume against the store the run was "
                     "created in (logger.tracking_uri=...), or delete mlflow_run_id to start a new run."
                 ) from None
+            if folder is not None:  # what the last session could not send goes first
+                replay_pending(client, resume_run_id, folder)
             client.update_run(resume_run_id, status="RUNNING")
+            client.log_batch(resume_run_id, tags=[RunTag(k, v) for k, v in process_tags().items()])
             log.info("resuming MLflow run %s", run.info.run_id)
-            return cls(client, resume_run_id, tracking_uri, resumed=True)
+            return cls(client, resume_run_id, tracking_uri, resumed=True, folder=folder,
+                       outage_wait_s=outage_wait_s)
 
         exp_id = _get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
-        all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in tags.items()}}
+        all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in tags.items()},
+                    **process_tags()}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
-        return cls(client, run.info.run_id, tracking_uri, resumed=False)
+        return cls(client, run.info.run_id, tracking_uri, resumed=False, folder=folder,
+                   outage_wait_s=outage_wait_s)
 
     # --- logging -------------------------------------------------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -159,24 +205,21 @@ class Tracker:
                 continue
             items.append(Param(key, text))
             self._existing_params[key] = text
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[i : i + 100])
+        self.spool.log_batch(params=items)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, int(step or 0)) for k, v in metrics.items()]
-        if items:
-            self.client.log_batch(self.run_id, metrics=items)
+        self.spool.log_batch(metrics=items)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, str(value))
+        self.spool.log_batch(tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), artifact_path)
+        self.spool.log_artifact(path, artifact_path)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        self.spool.log_text(text, artifact_file)
 
     def start_system_metrics(self, interval: float = 10.0) -> None:
         """CPU/memory/disk/network (and GPU with pynvml) every ``interval`` s, via psutil."""
@@ -192,28 +235,47 @@ class Tracker:
         return _RunLogger(self, dict(self._skip_until))
 
     # --- ending ----------------------------------------------------------------------------
-    def end(self, status: str = "FINISHED") -> None:
-        """Close the run: FINISHED, FAILED or KILLED (idempotent)."""
+    def end(self, status: str = "FINISHED") -> bool:
+        """Close the run: FINISHED, FAILED or KILLED (idempotent). Never raises: it runs on
+        every way out, often while another error is on its way up.
+
+        Metrics an outage kept back are sent first (waiting up to ``outage_wait_s`` for the
+        server); if it stays away, they and the status stay in the run folder's
+        mlflow_pending.jsonl, one warning line says how to send them, and False is returned.
+        """
         if self._ended:
-            return
+            return True
         self._ended = True
         if self._system_monitor is not None:
             with contextlib.suppress(Exception):
                 self._system_monitor.finish()
         RunStatus.from_string(status)  # validates the name
-        self.client.set_terminated(self.run_id, status)
+        try:
+            self.spool.set_terminated(status)
+            if self.spool.flush(self.outage_wait_s):
+                return True
+            why = f"unreachable for {self.outage_wait_s:.0f} s"
+        except Exception as e:  # a real error from a live server: say it in one line
+            why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        where = self.spool.path.parent if self.spool.path else "<run folder>"
+        log.warning("could not record status %s of MLflow run %s in %s (%s); it and %d pending "
+                    "call(s) are kept in %s: send them with `python -m scalelab.tracking.recover "
+                    "replay %s`", status, self.run_id, self.tracking_uri, why,
+                    len(self.spool.pending), self.spool.path or "memory only", where)
+        return False
 
     @contextlib.contextmanager
     def status_guard(self) -> Iterator[None]:
-        """FINISHED when the block returns, KILLED on Ctrl-C, FAILED on any other error."""
+        """FINISHED when the block returns, KILLED on a signal or Ctrl-C, FAILED on any other error."""
         try:
             yield
         except KeyboardInterrupt:
             self.end("KILLED")
             raise
-        except SystemExit as e:
-            # Lightning turns Ctrl-C into sys.exit(1) after its graceful shutdown.
-            self.end("FINISHED" if e.code in (None, 0) else "KILLED")
+        except SystemExit:
+            # every SystemExit out of training is a stop from outside: Lightning's SIGTERM
+            # (SIGTERMException, code None), its Ctrl-C (sys.exit(1)) and our RunStopped
+            self.end("KILLED")
             raise
         except BaseException:
             self.end("FAILED")
@@ -245,10 +307,26 @@ def _get_or_create_experiment(
         return exp.experiment_id
 
 
+def replay_pending(client: MlflowClient, run_id: str, folder: Path) -> int:
+    """Send what a run folder's mlflow_pending.jsonl still owes ``run_id``; returns the count."""
+    ops = read_pending(folder)
+    if not ops:
+        return 0
+    spool = Spool(client, run_id, "", folder)
+    spool.pending = ops
+    for op in ops:
+        spool._apply(op)  # raises on the first failure: the file stays for the next try
+    (folder / "mlflow_pending.jsonl").unlink(missing_ok=True)
+    log.warning("sent %d call(s) an earlier tracking outage had kept in %s", len(ops), folder)
+    return len(ops)
+
+
 def remote_env_defaults() -> None:
-    """Fail fast instead of retrying for minutes when a server dies mid-run (overridable)."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    """Give up on a dead server after one retry (a few seconds, not minutes): the Tracker's
+    spool then buffers the calls and replays them when it is back (overridable)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
-__all__ = ["NullTracker", "Tracker", "is_remote", "remote_env_defaults"]
+__all__ = ["NullTracker", "Tracker", "is_remote", "process_tags", "remote_env_defaults",
+           "replay_pending"]

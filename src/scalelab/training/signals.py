@@ -1,0 +1,177 @@
+"""Stopping a run on a signal: at a step boundary, with a resumable checkpoint, recorded truthfully.
+
+    SIGTERM (kill, timeout, docker/k8s, SLURM preemption) -> KILLED, exit 143
+    SIGINT  (Ctrl-C)                                      -> KILLED, exit 130
+    SIGUSR1 (SLURM pre-timeout, sbatch --signal=USR1@90)  -> checkpoint, `scontrol requeue`, exit 138
+
+During ``trainer.fit``/``validate`` the first signal only raises Lightning's "stop" flag (the flag
+its own SIGTERM handler sets): the loop finishes the current batch and raises
+``SIGTERMException``, so the checkpoint written on the way out (``SaveOnStop``) holds a
+consistent step. A second Ctrl-C stops at once. Outside the Trainer (data preparation, final
+sample, uploads) a signal raises ``RunStopped`` right away.
+
+``RunStopped`` is a ``SystemExit`` whose code is 128 + the signal number, so whatever does not
+catch it still exits with the shell's conventional code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+log = logging.getLogger("scalelab.train")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+REQUEUE_SIGNAL = signal.SIGUSR1
+
+
+class RunStopped(SystemExit):
+    """The run was stopped by a signal; ``code`` is 128 + signum (143 for SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + int(signum))
+        self.signum = int(signum)
+
+    def __str__(self) -> str:
+        return f"stopped by {signal.Signals(self.signum).name}"
+
+
+class StopRequest:
+    """Process-wide record of the first stop signal, and the handlers that set it."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.trainer: pl.Trainer | None = None  # set while a Trainer loop runs
+        self._previous: dict[int, Any] = {}
+
+    # --- handlers ------------------------------------------------------------------------
+    def install(self) -> None:
+        """Take over SIGTERM, SIGUSR1 and (unless the parent ignores it) SIGINT."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal.signal only works there; Hydra/joblib workers keep the defaults
+        for sig in STOP_SIGNALS:
+            current = signal.getsignal(sig)
+            # A shell without job control starts background jobs with SIGINT ignored on
+            # purpose (so a terminal Ctrl-C does not reach them): respect that.
+            if sig == signal.SIGINT and current == signal.SIG_IGN:
+                continue
+            self._previous[sig] = current
+            signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        if self.signum is None:
+            self.signum = signum
+            if self.trainer is not None:
+                again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
+                log.warning("%s: stopping after the current step and saving a checkpoint%s",
+                            signal.Signals(signum).name, again)
+        if self.trainer is not None:
+            # Lightning's own stop flag (what its SIGTERM handler sets): the loops raise
+            # SIGTERMException at the next batch boundary, on every rank (it is broadcast).
+            self.trainer._signal_connector.received_sigterm = True
+            return
+        raise RunStopped(signum)
+
+    # --- after the Trainer -------------------------------------------------------------------
+    def raise_if_stopped(self) -> None:
+        """Call after ``fit``/``validate`` returned: a signal at the last batch is still a stop."""
+        if self.signum is not None:
+            raise RunStopped(self.signum)
+
+    def stopped_by(self, exc: BaseException) -> int | None:
+        """The signal behind ``exc`` (None: not a signal stop)."""
+        if isinstance(exc, RunStopped):
+            return exc.signum
+        if isinstance(exc, (SIGTERMException, KeyboardInterrupt)) or (
+                isinstance(exc, SystemExit) and self.signum is not None):
+            return self.signum or (signal.SIGINT if isinstance(exc, KeyboardInterrupt)
+                                   else signal.SIGTERM)
+        return None
+
+
+STOP = StopRequest()
+
+
+class SaveOnStop(pl.Callback):
+    """Writes ``last.ckpt`` when a signal stops the loop.
+
+    Like Lightning's OnExceptionCheckpoint, but only for signal stops (a crash must not
+    overwrite the last good checkpoint), and not a subclass of it: with one of those in the
+    callbacks, Lightning turns ``fit(ckpt_path=None)`` into ``"last"`` and would silently
+    resume a fresh run from an old file in the same folder.
+    """
+
+    def __init__(self, dirpath: Path, stop: StopRequest = STOP) -> None:
+        self.ckpt_path = Path(dirpath) / "last.ckpt"
+        self.stop = stop
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.stop.trainer = trainer
+        if self.stop.signum is not None:  # a signal came between two Trainer calls
+            trainer._signal_connector.received_sigterm = True
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.stop.trainer = None
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        # SIGTERMException: raised at a batch boundary (and on all ranks at once under DDP);
+        # anything else may have interrupted an optimizer step halfway.
+        if not isinstance(exception, SIGTERMException) or trainer.global_step == 0:
+            return
+        if trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        trainer.save_checkpoint(self.ckpt_path)
+        if trainer.is_global_zero:
+            log.warning("saved %s at step %d", self.ckpt_path, trainer.global_step)
+
+
+# --- SLURM -------------------------------------------------------------------------------------
+def slurm_job_id() -> str | None:
+    """The job to requeue: ARRAY_JOB_ID_TASK_ID for array jobs, else SLURM_JOB_ID."""
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def requeue_slurm_job() -> str:
+    """``scontrol requeue <job>``; returns what happened, in one line (never raises)."""
+    job = slurm_job_id()
+    if not job:
+        return "not a SLURM job (no SLURM_JOB_ID): not requeued"
+    try:
+        r = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"`scontrol requeue {job}` failed ({type(e).__name__}: {e}); resubmit it by hand"
+    if r.returncode != 0:
+        why = (r.stderr or r.stdout).strip().splitlines()
+        return (f"`scontrol requeue {job}` failed (exit {r.returncode}"
+                + (f": {why[-1]}" if why else "") + "); resubmit it by hand")
+    return f"requeued SLURM job {job}; it resumes from the checkpoint"
+
+
+def is_slurm_requeue() -> bool:
+    """True in a job that SLURM started again after a requeue (or a node failure)."""
+    return os.environ.get("SLURM_RESTART_COUNT", "0").strip() not in ("", "0")
+
+
+__all__ = ["REQUEUE_SIGNAL", "STOP", "RunStopped", "SaveOnStop", "StopRequest",
+           "is_slurm_requeue", "requeue_slurm_job", "slurm_job_id"]
