@@ -59,7 +59,6 @@ def _stop_server(proc: subprocess.Popen) -> None:
 def test_server_outage_mid_run_buffers_and_replays(tmp_path: Path, shared_data_dir: Path,
                                                   train_cli) -> None:
     from mlflow.tracking import MlflowClient
-
     from tests.conftest import free_port
 
     port = free_port()

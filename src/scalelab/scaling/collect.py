@@ -72,10 +72,11 @@ def _row(c: ChildRun) -> dict:
 
 
 def latest_finished(children: list[ChildRun]) -> dict[str, ChildRun]:
-    """point_id -> its newest FINISHED child (a point trained twice counts once)."""
+    """point_id -> its newest done child (FINISHED with a finite final loss; a point trained
+    twice counts once)."""
     out: dict[str, ChildRun] = {}
     for c in sorted(children, key=lambda c: c.start_time):
-        if c.status == "FINISHED" and c.point_id:
+        if c.done and c.point_id:
             out[c.point_id] = c
     return out
 
@@ -107,10 +108,13 @@ def collect(parent: SweepParent, n_convention: str = "matmul",
 
     failed_rows = []
     for c in children:
-        if c.point_id in done or c.status == "FINISHED":
+        if c.point_id in done or c.done:
             continue
+        reason = c.tags.get("sweep_note", "")
+        if c.status == "FINISHED":  # finished, but without a finite final val loss
+            reason = f"final val loss {c.final_loss}"
         failed_rows.append({"point": c.tags.get("sweep_point", c.name), "status": c.status,
-                            "run_id": c.run_id, "reason": c.tags.get("sweep_note", "")})
+                            "run_id": c.run_id, "reason": reason})
     failed = pd.DataFrame(failed_rows, columns=["point", "status", "run_id", "reason"])
 
     curve_df = pd.DataFrame(columns=CURVE_COLUMNS)

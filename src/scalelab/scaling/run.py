@@ -276,24 +276,34 @@ class SweepRunner:
         latest: dict[str, Any] = {}
         for c in sorted(self.parent.children(), key=lambda c: c.start_time):
             prev = latest.get(c.point_id) if c.point_id else None
-            # the newest child wins, except that a FINISHED one is never displaced
-            if c.point_id and (prev is None or prev.status != "FINISHED" or c.status == "FINISHED"):
+            # the newest child wins, except that a done one is never displaced
+            if c.point_id and (prev is None or not prev.done or c.done):
                 latest[c.point_id] = c
         return latest
 
     def close_stale(self) -> int:
-        """Children left RUNNING by a killed sweep -> KILLED (they will be trained again)."""
+        """Children left RUNNING by a killed sweep -> KILLED (they are resumed or retrained);
+        one whose process still runs on this host is left alone."""
         n = 0
         for c in self.parent.children():
-            if c.status in ("RUNNING", "SCHEDULED"):
+            if c.status in ("RUNNING", "SCHEDULED") and not c.process_alive():
                 self.parent.mark_killed(c.run_id)
                 n += 1
         return n
 
+    def resumable(self, p: PlanPoint, latest: dict[str, Any]) -> bool:
+        """A point whose run was stopped (KILLED) after a checkpoint continues that run."""
+        c = latest.get(p.point_id)
+        run_dir = self.sweep_dir / "runs" / p.name
+        rid = run_dir / "mlflow_run_id"
+        return (c is not None and c.status == "KILLED" and rid.is_file()
+                and (run_dir / "checkpoints" / "last.ckpt").is_file()
+                and rid.read_text().strip() == c.run_id)
+
     def pending(self) -> tuple[list[PlanPoint], list[PlanPoint]]:
         latest = self._latest_by_point()
         done = [p for p in self.plan.points
-                if latest.get(p.point_id) is not None and latest[p.point_id].status == "FINISHED"]
+                if latest.get(p.point_id) is not None and latest[p.point_id].done]
         ids = {p.point_id for p in done}
         return [p for p in self.plan.points if p.point_id not in ids], done
 
@@ -304,9 +314,13 @@ class SweepRunner:
         for old in folder.glob("*.yaml") if folder.is_dir() else []:
             if old.name not in current:  # from an earlier plan of this sweep
                 old.unlink()
+        latest = self._latest_by_point()
         for p in points:
             ov = point_overrides(p, self.spec, self.settings, self.base, self.sweep_dir,
                                  self.parent.run_id, self.experiment)
+            if self.resumable(p, latest):
+                ov["resume"] = True
+                self.echo(f"  resuming {p.name} from its checkpoint (run {latest[p.point_id].run_id})")
             write_point_config(self.conf_dir / "sweep_point" / f"{p.name}.yaml", p, ov)
 
     def run(self, estimates: Optional[dict[str, float]] = None) -> Outcome:  # noqa: UP045
@@ -341,7 +355,7 @@ class SweepRunner:
             for p in branches:
                 main = latest.get(p.branch_of or "")
                 ckpt = branch_checkpoint(p, self.sweep_dir)
-                if main is None or main.status != "FINISHED":
+                if main is None or not main.done:
                     out.failed[p.name] = f"its main run {p.branch_from} did not finish; rerun the sweep"
                 elif not ckpt.is_file():
                     out.failed[p.name] = (f"{ckpt} is missing (the main run's folder was moved or "
@@ -401,13 +415,16 @@ class SweepRunner:
         # started has its folder <hydra.sweep.dir>/<job number> (the order of `points`).
         multirun_dir = self.sweep_dir / "multirun" / stamp
         remaining, unrecorded = [], []
+        progressed = False  # some point of this launch ended in MLflow (a stop, not a crash)
         for i, p in enumerate(points):
             c = latest.get(p.point_id)
-            fresh = c is not None and c.start_time >= started * 1000 - 1000
-            if c is not None and c.status == "FINISHED":
+            fresh = c is not None and _touched_since(c, started)
+            progressed = progressed or (fresh and c.status in ("FINISHED", "FAILED", "KILLED"))
+            if c is not None and c.done:
                 continue
-            if fresh and c.status in ("FAILED", "KILLED"):
-                out.failed.setdefault(p.name, f"run {c.run_id} {c.status}; see {log_path}: "
+            if fresh and c.status in ("FAILED", "KILLED", "FINISHED"):
+                what = c.status if c.status != "FINISHED" else f"final val loss {c.final_loss}"
+                out.failed.setdefault(p.name, f"run {c.run_id} {what}; see {log_path}: "
                                       + _error_line(log_path, p.name))
             elif not multirun or (multirun_dir / str(i)).is_dir():
                 unrecorded.append(p)  # it ran, but failed before creating its MLflow run
@@ -427,7 +444,7 @@ class SweepRunner:
             for p in remaining:
                 out.failed[p.name] = f"never started (exit code {rc}); see {log_path}"
             remaining = []
-        elif remaining and not unrecorded:  # no progress possible to tell apart: blame one
+        elif remaining and not unrecorded and not progressed:  # no progress to tell apart: blame one
             first = remaining.pop(0)
             out.failed[first.name] = f"exit code {rc} before it started; see {log_path}: " \
                 + _error_line(log_path, first.name)
@@ -437,9 +454,9 @@ class SweepRunner:
         latest = self._latest_by_point()
         for p in points:
             c = latest.get(p.point_id)
-            if c is None or p.name in self._seen or c.start_time < started * 1000 - 1000:
+            if c is None or p.name in self._seen or not _touched_since(c, started):
                 continue
-            if c.status == "FINISHED":
+            if c.done:
                 self._seen.add(p.name)
                 out.finished.append(p.name)
                 loss = c.metrics.get("final/val_loss", float("nan"))
@@ -447,10 +464,16 @@ class SweepRunner:
                 self.echo(f"  ✓ {p.name}  C={p.budget:.2g}  N={p.n_params_matmul:>10,}  "
                           f"D={p.tokens:>12,}  val loss {loss:.4f}  {wall:5.0f} s  "
                           f"[{len(self._seen)}/{self._total}]")
-            elif c.status in ("FAILED", "KILLED"):
+            elif c.status in ("FAILED", "KILLED", "FINISHED"):
                 self._seen.add(p.name)
-                self.echo(f"  ✗ {p.name}  {c.status} (run {c.run_id})  [{len(self._seen)}/{self._total}]")
+                why = c.status if c.status != "FINISHED" else f"FINISHED, final val loss {c.final_loss}"
+                self.echo(f"  ✗ {p.name}  {why} (run {c.run_id})  [{len(self._seen)}/{self._total}]")
         return latest
+
+
+def _touched_since(c: Any, started: float) -> bool:
+    """Started or ended during this launch (a resumed child keeps its old start time)."""
+    return max(c.start_time, c.end_time or 0) >= started * 1000 - 1000
 
 
 def _error_line(log_path: Path, point: str) -> str:

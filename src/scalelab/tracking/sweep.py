@@ -10,6 +10,9 @@ point with a FINISHED child is not trained again.
 from __future__ import annotations
 
 import logging
+import math
+import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 ROLE_TAG = "scalelab.sweep_role"
 NAME_TAG = "scalelab.sweep_name"
 POINT_ID_TAG = "sweep_point_id"  # set on children through the train app's `tags:` config
+FINAL_LOSS_KEY = "final/val_loss"
 
 
 @dataclass
@@ -42,6 +46,23 @@ class ChildRun:
     @property
     def point_id(self) -> Optional[str]:  # noqa: UP045
         return self.tags.get(POINT_ID_TAG)
+
+    @property
+    def final_loss(self) -> float:
+        return float(self.metrics.get(FINAL_LOSS_KEY, float("nan")))
+
+    @property
+    def done(self) -> bool:
+        """The only test of "this point is trained": FINISHED with a finite final val loss.
+
+        A run stopped by a signal is KILLED, a diverged one has a NaN/inf loss, and one whose
+        final metrics never reached the store has none: all of them are trained again.
+        """
+        return self.status == "FINISHED" and math.isfinite(self.final_loss)
+
+    def process_alive(self) -> bool:
+        """True if the process that runs it is alive on THIS host (tags scalelab.host/pid)."""
+        return process_alive(self.tags)
 
 
 class SweepParent:
@@ -110,6 +131,7 @@ class SweepParent:
         """A child left RUNNING by a killed sweep: close it so the UI does not show it live."""
         self.client.set_terminated(run_id, status="KILLED")
         self.client.set_tag(run_id, "sweep_note", "left RUNNING by an interrupted sweep")
+        self.client.set_tag(run_id, STALE_TAG, "its process was gone when the sweep was rerun")
 
     def plan_point_ids(self) -> Optional[set[str]]:  # noqa: UP045
         """Point hashes of the plan last logged to this parent (artifact plan/plan.json)."""
@@ -128,6 +150,38 @@ class SweepParent:
 
     def url(self) -> str:
         return run_url(self.tracking_uri, self.experiment_id, self.run_id)
+
+
+STALE_TAG = "scalelab.stale"
+
+
+def process_alive(tags: Mapping[str, str]) -> bool:
+    """Whether the process named by a run's tags (scalelab.host/pid/pid_start) still runs here.
+
+    False when the host is this one and the PID is gone or now belongs to a younger process
+    (PID reuse); also False without the tags (runs from before they existed). A run on
+    another host cannot be checked from here: True (leave it alone).
+    """
+    host, pid = tags.get("scalelab.host"), tags.get("scalelab.pid", "")
+    if not host or not pid.isdigit():
+        return False
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process with that PID: not ours any more
+        return False
+    start = tags.get("scalelab.pid_start")
+    if start:
+        import psutil
+
+        try:
+            return abs(psutil.Process(int(pid)).create_time() - float(start)) < 1.0
+        except (psutil.Error, ValueError):
+            return False
+    return True
 
 
 def children_of(client: MlflowClient, experiment_id: str, parent_run_id: str) -> list[ChildRun]:
