@@ -30,12 +30,14 @@ def test_killed_prepare_leaves_no_complete_shard(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.time() + 60
-    while time.time() < deadline and not list(cache.rglob(".train.bin.*.tmp")):
-        time.sleep(0.02)
-    assert list(cache.rglob(".train.bin.*.tmp")), "prepare never started writing"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not list(cache.rglob(".train.bin.*.tmp")):
+            time.sleep(0.02)
+        assert list(cache.rglob(".train.bin.*.tmp")), "prepare never started writing"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
     (d,) = [p for p in cache.iterdir() if p.is_dir()]
     assert not (d / "meta.json").exists()
     with pytest.raises(FileNotFoundError):

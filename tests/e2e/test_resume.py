@@ -30,15 +30,17 @@ def test_sigkill_then_resume_continues_the_same_mlflow_run(tmp_path: Path, share
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     deadline = time.time() + 400
-    while not ckpt.is_file():
-        assert proc.poll() is None, f"run ended before its first checkpoint: {proc.stdout.read()[-3000:]}"
-        assert time.time() < deadline, "no checkpoint in time"
-        time.sleep(0.2)
-    time.sleep(1.5)  # let it log a few steps past the checkpoint (they must not duplicate)
-    assert proc.poll() is None, "the run finished before it could be killed; make it longer"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    proc.stdout.close()
+    try:
+        while not ckpt.is_file():
+            assert proc.poll() is None, f"run ended before its first checkpoint: {proc.stdout.read()[-3000:]}"
+            assert time.time() < deadline, "no checkpoint in time"
+            time.sleep(0.2)
+        time.sleep(1.5)  # let it log a few steps past the checkpoint (they must not duplicate)
+        assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+    finally:  # SIGKILL: no disposition to reset, but never leave the child behind
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
     run_id = (run_dir / "mlflow_run_id").read_text().strip()
 
     client = MlflowClient(uri)

@@ -55,6 +55,7 @@ class StopRequest:
     # --- handlers ------------------------------------------------------------------------
     def install(self) -> None:
         """Take over SIGTERM, SIGUSR1 and (unless the parent ignores it) SIGINT."""
+        self.signum, self.trainer = None, None  # a --multirun runs several jobs in one process
         if threading.current_thread() is not threading.main_thread():
             return  # signal.signal only works there; Hydra/joblib workers keep the defaults
         for sig in STOP_SIGNALS:
