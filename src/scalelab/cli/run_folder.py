@@ -17,6 +17,7 @@ any error raised while resolving ``hydra.run.dir`` into a garbled traceback. So:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -101,3 +102,5 @@ class RunFolder:
             return
         if names <= _HYDRA_ONLY:
             shutil.rmtree(self.out_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the <date>/ folder, if this was its only run
+                self.out_dir.parent.rmdir()

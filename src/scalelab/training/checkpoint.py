@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import os
 import pickle
 import zipfile
@@ -47,6 +48,9 @@ class CheckpointError(ValueError):
 class CheckpointWriteError(OSError):
     """Writing a checkpoint failed (typically a full disk); the message names the path."""
 
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]" prefix
+        return str(self.strerror)
+
 
 # --- writing ------------------------------------------------------------------------------------
 def sidecar_path(path: Path) -> Path:
@@ -67,26 +71,27 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | Path) -> None:
     """Write ``checkpoint`` to ``path`` atomically, with its size/hash sidecar."""
     path = Path(path)
     tmp = temp_path_for(path)
+    # Serialized in memory first (as Lightning does): torch's zip writer turns a full disk into
+    # "unexpected pos"; plain file writes raise OSError(ENOSPC), which names the problem.
+    buf = io.BytesIO()
+    torch.save(dict(checkpoint), buf)
+    data = buf.getbuffer()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            torch.save(dict(checkpoint), f)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        size, digest = file_digest(tmp)
         os.replace(tmp, path)
         fsync_dir(path.parent)
-        atomic_write_json(sidecar_path(path), {"size": size, "sha256": digest})
+        atomic_write_json(sidecar_path(path), {"size": len(data),
+                                               "sha256": hashlib.sha256(data).hexdigest()})
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise _write_error(path, e) from e
-    except RuntimeError as e:  # torch wraps the OS error of its zip writer
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if "file write failed" in str(e) or "No space" in str(e):
-            raise _write_error(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from e
-        raise
+    finally:
+        data.release()
 
 
 def _write_error(path: Path, e: OSError) -> CheckpointWriteError:
@@ -119,8 +124,10 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
 
 # --- reading ------------------------------------------------------------------------------------
 def _load_failure(path: Path, e: BaseException) -> CheckpointError:
-    if isinstance(e, pickle.UnpicklingError):
+    if isinstance(e, pickle.UnpicklingError) and "GLOBAL" in str(e):
         why = "it holds pickled objects other than tensors and plain data (refused: they could run code)"
+    elif isinstance(e, pickle.UnpicklingError):
+        why = "it is not a torch checkpoint"
     elif isinstance(e, (EOFError, zipfile.BadZipFile)) or "central directory" in str(e) \
             or "zip archive" in str(e):
         why = "it is truncated or not a torch checkpoint"
