@@ -116,6 +116,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
 
         data = _build_data(cfg, spec, rank0)
+        if isinstance(cfg.trainer.overfit_batches, int) and cfg.trainer.overfit_batches > 0:
+            data["datamodule"].pin_batches(int(cfg.trainer.overfit_batches))  # really one batch
         model_cfg = spec.with_vocab(data["vocab_size"])
         check_resume_point(point, cfg, out_dir, max_steps=spec.max_steps,
                            model_config=model_cfg.to_dict(), objective=spec.objective,

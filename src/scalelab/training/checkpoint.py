@@ -353,6 +353,9 @@ def read_sharded(folder: str | Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     folder = Path(folder)
+    why = verify(folder)  # the shard index, with the restricted unpickler, before torch reads it
+    if why:
+        raise CheckpointError(f"{folder}: not a usable checkpoint ({why}); pass another checkpoint")
     checkpoint: dict[str, Any] = {}
     try:
         _load_state_dict(checkpoint, storage_reader=_safe_reader(folder), planner=_safe_planner(),
@@ -360,17 +363,10 @@ def read_sharded(folder: str | Path) -> dict[str, Any]:
         meta_file = folder / "meta.pt"  # Lightning's non-tensor rest (step, loops, callbacks)
         if meta_file.is_file():
             checkpoint.update(torch.load(meta_file, map_location="cpu", weights_only=True))
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError,
-            AttributeError, TypeError, OSError) as e:
+    except Exception as e:  # torch wraps per-rank failures in CheckpointException
         if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
             raise
-        cause = e
-        while cause.__cause__ is not None or getattr(cause, "failures", None):
-            failures = getattr(cause, "failures", None)  # CheckpointException wraps per-rank errors
-            cause = next(iter(failures.values())) if failures else cause.__cause__  # type: ignore[assignment]
-            if not isinstance(cause, BaseException):
-                break
-        raise _load_failure(folder, cause if isinstance(cause, BaseException) else e) from None
+        raise _load_failure(folder, e) from None
     # Lightning's layout -> a single-device checkpoint (pytorch_lightning consolidate_checkpoint)
     checkpoint["state_dict"] = checkpoint.pop("model")
     opt_keys = sorted(k for k in checkpoint if k.startswith("optimizer_") and k[10:].isdigit())
