@@ -148,6 +148,10 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
             KeyError, AttributeError, IndexError, TypeError) as e:
         raise _load_failure(path, e) from None
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # EINVAL: torch seeking past the end of a truncated file
+            raise
+        raise _load_failure(path, EOFError()) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{path}: not a Lightning checkpoint (no state_dict); pass a "
                               "checkpoint that scalelab-train wrote (<run folder>/checkpoints/*.ckpt)")
