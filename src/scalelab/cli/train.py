@@ -510,7 +510,7 @@ def _finish(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, Any]
             final[f"final/{k[4:]}"] = v
     tracker.log_metrics({k: v for k, v in final.items() if v is not None}, step=step)
     if sample:
-        (out_dir / "sample.txt").write_text(sample)
+        atomic_write_text(out_dir / "sample.txt", sample)
         tracker.log_text(sample, "sample.txt")
     if cfg.logger.log_checkpoint and last_ckpt.is_file() and trainer.is_global_zero:
         tracker.log_artifact(last_ckpt, "checkpoints")
