@@ -108,15 +108,31 @@ def run_train(*overrides: str, cwd: Path | None = None, timeout: float = 300,
     )
 
 
+_SESSION_DATA_DIR: list[Path] = []
+
+
+def session_data_dir() -> Path:
+    """One token cache per test session, outside the repo (tests never write data_cache/)."""
+    if not _SESSION_DATA_DIR:
+        import atexit
+        import shutil
+        import tempfile
+
+        d = Path(tempfile.mkdtemp(prefix="scalelab-test-cache-"))
+        atexit.register(shutil.rmtree, d, True)
+        _SESSION_DATA_DIR.append(d)
+    return _SESSION_DATA_DIR[0]
+
+
 def isolated(tmp: Path, *, tracking_uri: str | None = None, data_dir: Path | None = None) -> list[str]:
     """Overrides that keep a test run's outputs and MLflow store in ``tmp``.
 
-    The token cache defaults to the repo's data_cache/ (shared between tests: prepared once).
+    The token cache defaults to one temp folder per session (prepared once, shared by tests).
     """
     uri = tracking_uri or f"sqlite:///{tmp / 'mlruns.db'}"
     return [
         f"paths.log_dir={tmp / 'outputs'}",
-        f"paths.data_dir={data_dir or REPO / 'data_cache'}",
+        f"paths.data_dir={data_dir or session_data_dir()}",
         f"logger.tracking_uri={uri}",
         f"logger.artifact_root={tmp / 'mlartifacts'}",
         "trainer.enable_progress_bar=false",
@@ -127,8 +143,8 @@ def isolated(tmp: Path, *, tracking_uri: str | None = None, data_dir: Path | Non
 def train_cli() -> object:
     """Helpers for tests that drive `scalelab-train` in subprocesses (no import paths needed):
     train_cli.run(*overrides, cwd=, timeout=, env=), .isolated(tmp, tracking_uri=), .env(**kw),
-    .cmd(*overrides), .repo."""
+    .cmd(*overrides), .repo, .data_dir() (the session's token cache)."""
     import types
 
     return types.SimpleNamespace(run=run_train, isolated=isolated, env=train_env, cmd=train_cmd,
-                                 repo=REPO)
+                                 repo=REPO, data_dir=session_data_dir)

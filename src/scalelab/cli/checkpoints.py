@@ -37,10 +37,10 @@ def _consolidated_if_sharded(p: Path) -> Path:
 
 def load(path: str | Path) -> dict[str, Any]:
     """The checkpoint dict, loaded with weights_only=True (no pickled code runs)."""
+    from scalelab.training.checkpoint import read_checkpoint
+
     ckpt_path = find_checkpoint(path)
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    if "state_dict" not in ckpt:
-        raise ValueError(f"{ckpt_path}: not a Lightning checkpoint (no state_dict)")
+    ckpt = read_checkpoint(ckpt_path)  # one clear line for a truncated/garbage file
     ckpt["_path"] = str(ckpt_path)
     return ckpt
 

@@ -10,13 +10,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict, run_meta
+from scalelab.files import atomic_open, atomic_write_json
 
 
 def export(checkpoint: str | Path, out: str | Path) -> Path:
@@ -29,7 +29,8 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
     Transformer(cfg).load_state_dict(sd)  # fails here, not later, if keys do not match
     out = Path(out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(sd, out / "model.pt")
+    with atomic_open(out / "model.pt") as f:  # never a half-written model.pt next to config.json
+        torch.save(sd, f)
     meta = run_meta(ckpt)
     info = {
         "model_config": cfg.to_dict(),
@@ -40,7 +41,7 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
         "mlflow_run_id": meta.get("mlflow_run_id"),
         "source_checkpoint": ckpt["_path"],
     }
-    (out / "config.json").write_text(json.dumps(info, indent=2) + "\n")
+    atomic_write_json(out / "config.json", info)
     return out
 
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         out = export(args.checkpoint, args.out)
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"exported {out / 'model.pt'} and {out / 'config.json'}")

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--parent-run-id", help="MLflow parent run id of a sweep")
     p.add_argument("--curves", type=Path, help="loss-curves CSV (run_id, tokens, loss, optional flops) for Approach 1")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (with --sweep/--parent-run-id)")
-    p.add_argument("--out", type=Path, help="report directory (default: reports/fit_<name>)")
+    p.add_argument("--out", type=Path, help="report directory (default: <project root>/reports/fit_<name>)")
     p.add_argument("--approaches", default="1,2,3", help="comma-separated subset of 1,2,3")
     p.add_argument("--n-boot", type=int, default=100, help="bootstrap replicates (0: no intervals)")
     p.add_argument("--seed", type=int, default=0)
@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     print_results(results)
     if not args.no_report:
         name = args.csv.stem if args.csv is not None else (args.sweep or args.parent_run_id)
-        out = args.out or Path("reports") / f"fit_{name}"
+        from scalelab.tracking.root import repo_root
+
+        out = args.out or repo_root() / "reports" / f"fit_{name}"  # never relative to the cwd
         files = write_report(results, out)
         print(f"report: {out / 'report.md'} ({len(files)} files)")
     return 0

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         if "tokenizer" not in meta:
             raise ValueError(f"{ckpt['_path']}: no tokenizer spec in the checkpoint")
         tok = tokenizer_from_spec(meta["tokenizer"])
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model = Transformer(cfg)

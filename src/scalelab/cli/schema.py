@@ -207,8 +207,12 @@ def register() -> None:
     """Register resolvers and schemas (idempotent; runs on import)."""
     if not OmegaConf.has_resolver("scalelab.root"):
         OmegaConf.register_new_resolver("scalelab.root", lambda: str(repo_root()))
+    from scalelab.cli.run_folder import hydra_subdir, run_dir_resolver
+
     if not OmegaConf.has_resolver("scalelab.run_dir"):
-        OmegaConf.register_new_resolver("scalelab.run_dir", resolve_run_dir)
+        OmegaConf.register_new_resolver("scalelab.run_dir", run_dir_resolver)
+    if not OmegaConf.has_resolver("scalelab.hydra_subdir"):
+        OmegaConf.register_new_resolver("scalelab.hydra_subdir", hydra_subdir)
     ConfigStore.instance().store(name="train_schema", node=TrainSchema)
 
 

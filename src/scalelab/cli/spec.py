@@ -86,16 +86,28 @@ def world_size_of(trainer_cfg: DictConfig) -> int:
     return per_node * n_nodes
 
 
+def _reject_unknown_keys(group: str, cls: type, fields: dict[str, Any]) -> dict[str, Any]:
+    """`+model.typo=1` adds a key the schema does not know: name it instead of a TypeError."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise ValueError(f"{group}.{unknown[0]}: no such key in {group} (drop the override "
+                         f"+{group}.{unknown[0]}=...); valid keys: {', '.join(sorted(names))}")
+    return fields
+
+
 def build_spec(cfg: DictConfig) -> RunSpec:
     """Validate every component of ``cfg``; raises ValueError naming the key and the fix."""
     model_fields = _container(cfg.model)
     probe_fields = dict(model_fields)
     if probe_fields.get("vocab_size") is None:
         probe_fields["vocab_size"] = VOCAB_PLACEHOLDER
+    _reject_unknown_keys("model", ModelConfig, probe_fields)
     model = ModelConfig(**probe_fields)
-    data = DataConfig(**_container(cfg.data))
-    tokenizer = TokenizerConfig(**_container(cfg.tokenizer))
-    optim = OptimConfig(**_container(cfg.optim))
+    data = DataConfig(**_reject_unknown_keys("data", DataConfig, _container(cfg.data)))
+    tokenizer = TokenizerConfig(**_reject_unknown_keys("tokenizer", TokenizerConfig,
+                                                       _container(cfg.tokenizer)))
+    optim = OptimConfig(**_reject_unknown_keys("optim", OptimConfig, _container(cfg.optim)))
 
     objective = cfg.objective or OBJECTIVE_FOR_ARCH[model.arch]
     if objective not in OBJECTIVE_FOR_ARCH.values():

@@ -23,6 +23,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from scalelab.files import atomic_write_text
+
 GROUPS_NOT_VARIANTS = "a variant axis must name a field (model.mlp=gelu,swiglu), not a config group"
 
 
@@ -217,8 +219,8 @@ def run(argv: list[str]) -> int:
 
     collected = collect(parent, spec.n_convention, settings.flops_convention,
                         point_ids={p.point_id for p in plan.points})
-    collected.runs.to_csv(sweep_dir / "runs.csv", index=False)
-    collected.curves.to_csv(sweep_dir / "curves.csv", index=False)
+    atomic_write_text(sweep_dir / "runs.csv", collected.runs.to_csv(index=False))
+    atomic_write_text(sweep_dir / "curves.csv", collected.curves.to_csv(index=False))
     parent.log_artifact(sweep_dir / "runs.csv", "data")
     parent.log_artifact(sweep_dir / "curves.csv", "data")
 

@@ -12,6 +12,8 @@ create/reopen the MLflow run -> fit -> final validation, sample, artifacts, summ
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import math
@@ -28,9 +30,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalelab.cli import (
     hydra_ddp,
+    run_folder,
     schema,  # noqa: F401  (registers train_schema and the resolvers)
 )
+from scalelab.cli.resume import check_resume_point, resume_point
+from scalelab.cli.run_folder import RunFolder
 from scalelab.cli.spec import RunSpec, build_spec
+from scalelab.files import atomic_write_json, atomic_write_text
 from scalelab.tracking import conf_dir, is_global_zero
 from scalelab.tracking.store import TrackingServerUnreachable
 
@@ -68,7 +74,7 @@ def _hydra_main(cfg: DictConfig) -> Optional[float]:  # noqa: UP045
     hydra_ddp.begin_job(cfg)  # scale-out: torchrun layout, one GPU per joblib job
     try:
         summary = train(cfg)
-    except (ValueError, FileNotFoundError, TrackingServerUnreachable) as e:
+    except (ValueError, OSError, TrackingServerUnreachable) as e:
         # Config and input errors: one clear line instead of a traceback (single runs only:
         # in a --multirun the launcher records the failure and goes on with the other points).
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:
@@ -95,40 +101,53 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def _train(cfg: DictConfig) -> dict[str, Any]:
     t_start = time.time()
     rank0 = is_global_zero()
-    spec = build_spec(cfg)  # every config error surfaces here, before any IO
-    _check_branch_keys(cfg, spec)
-
     out_dir = _output_dir(cfg)
-    cfg.paths.output_dir = str(out_dir)  # the saved config names the folder actually used
+    folder = RunFolder(out_dir)
+    try:  # check everything before touching the folder, its config or any MLflow run
+        from scalelab.training.signals import is_slurm_requeue
+
+        run_folder.raise_deferred(out_dir)
+        spec = build_spec(cfg)  # every config error surfaces here, before any IO
+        _check_branch_keys(cfg, spec)
+        cfg.paths.output_dir = str(out_dir)  # the saved config names the folder actually used
+        if is_slurm_requeue() and not cfg.ckpt_path and (out_dir / "checkpoints" / "last.ckpt").exists():
+            cfg.resume = True  # SLURM started this job again after a requeue: continue it
+        point = resume_point(cfg, out_dir)
+        ckpt_path, resume_run_id = point.ckpt, point.run_id
+
+        tracking_uri = None
+        if cfg.logger.backend == "mlflow" and rank0:
+            from scalelab.tracking.run import remote_env_defaults
+            from scalelab.tracking.store import probe, resolve_tracking_uri
+
+            tracking_uri = resolve_tracking_uri(cfg.logger.tracking_uri, Path(cfg.paths.root))
+            remote_env_defaults()
+            probe(tracking_uri, timeout=float(cfg.logger.probe_timeout))  # dead server: fail now
+
+        import pytorch_lightning as pl
+
+        _torch_setup(cfg)
+        pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+
+        data = _build_data(cfg, spec, rank0)
+        if isinstance(cfg.trainer.overfit_batches, int) and cfg.trainer.overfit_batches > 0:
+            data["datamodule"].pin_batches(int(cfg.trainer.overfit_batches))  # really one batch
+        model_cfg = spec.with_vocab(data["vocab_size"])
+        check_resume_point(point, cfg, out_dir, max_steps=spec.max_steps,
+                           model_config=model_cfg.to_dict(), objective=spec.objective,
+                           tokenizer=data["tokenizer_spec"])
+    except BaseException:
+        if rank0:
+            folder.abandon()
+        raise
     if rank0:
         out_dir.mkdir(parents=True, exist_ok=True)
-    from scalelab.training.signals import is_slurm_requeue
-
-    if is_slurm_requeue() and not cfg.ckpt_path and (out_dir / "checkpoints" / "last.ckpt").exists():
-        cfg.resume = True  # SLURM started this job again after a requeue: continue it
-    ckpt_path, resume_run_id = _resume_point(cfg, out_dir)
-
-    tracking_uri = None
-    if cfg.logger.backend == "mlflow" and rank0:
-        from scalelab.tracking.run import remote_env_defaults
-        from scalelab.tracking.store import probe, resolve_tracking_uri
-
-        tracking_uri = resolve_tracking_uri(cfg.logger.tracking_uri, Path(cfg.paths.root))
-        remote_env_defaults()
-        probe(tracking_uri, timeout=float(cfg.logger.probe_timeout))  # dead server: fail now
-
-    import pytorch_lightning as pl
-
-    _torch_setup(cfg)
-    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
-
-    data = _build_data(cfg, spec, rank0)
-    model_cfg = spec.with_vocab(data["vocab_size"])
+        folder.commit()
 
     tracker = _start_tracker(cfg, spec, tracking_uri, resume_run_id, rank0)
     try:
         if rank0 and tracker.run_id:
-            (out_dir / RUN_ID_FILE).write_text(tracker.run_id + "\n")
+            atomic_write_text(out_dir / RUN_ID_FILE, tracker.run_id + "\n")
         summary = _tracked_run(cfg, spec, model_cfg, data, tracker, out_dir, ckpt_path, t_start)
     except BaseException as e:
         from scalelab.cli.stopping import on_stop
@@ -137,16 +156,17 @@ def _train(cfg: DictConfig) -> dict[str, Any]:
         tracker.end(status)  # no-op if the status guard closed it; covers errors before it
         stop = on_stop(cfg, out_dir, tracker, e, rank0)
         if rank0:  # sweeps read the folder's outcome without MLflow
-            (out_dir / SUMMARY_FILE).write_text(json.dumps({
-                "status": status, "run_id": tracker.run_id, "output_dir": str(out_dir),
-                "error": f"{type(e).__name__}: {e}", **(stop[0] if stop else {}),
-            }, indent=2) + "\n")
+            with contextlib.suppress(OSError):  # a full disk must not hide the real error
+                atomic_write_json(out_dir / SUMMARY_FILE, {
+                    "status": status, "run_id": tracker.run_id, "output_dir": str(out_dir),
+                    "error": f"{type(e).__name__}: {e}", **(stop[0] if stop else {}),
+                })
         if stop is not None:
             raise stop[1] from None  # exit code 128 + signal (143 for SIGTERM, 130 for Ctrl-C)
         raise
     if rank0:
         summary["status"] = "FINISHED"
-        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        atomic_write_json(out_dir / SUMMARY_FILE, summary)
         _print_summary(cfg, summary)
     return summary
 
@@ -206,43 +226,6 @@ def _output_dir(cfg: DictConfig) -> Path:
     raise ValueError("paths.output_dir is not set (needed when not running under Hydra)")
 
 
-def _is_sharded(path: Path) -> bool:
-    """An FSDP sharded checkpoint (a folder; trainer.fsdp.state_dict_type=sharded)."""
-    from scalelab.training.distributed import is_sharded_checkpoint
-
-    return is_sharded_checkpoint(path)
-
-
-def _resume_point(cfg: DictConfig, out_dir: Path) -> tuple[Optional[Path], Optional[str]]:  # noqa: UP045
-    """The checkpoint to continue from and the MLflow run to reopen (None, None: a new run)."""
-    if cfg.ckpt_path:
-        ckpt = Path(cfg.ckpt_path).expanduser().resolve()
-        if not (ckpt.is_file() or _is_sharded(ckpt)):
-            raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path}: no such checkpoint file")
-    elif cfg.resume:
-        ckpt = out_dir / "checkpoints" / "last.ckpt"
-        if not (ckpt.is_file() or _is_sharded(ckpt)):
-            raise FileNotFoundError(
-                f"resume=true: {ckpt} does not exist; the run in {out_dir} never reached its "
-                "first checkpoint (train.val_every steps). Start it again without resume=true."
-            )
-    elif cfg.train.get("init_from"):
-        # a NEW run from another run's checkpoint (WSD branch): step, optimizer and data
-        # position carry over, but never the source run's MLflow run or folder
-        ckpt = Path(str(cfg.train.init_from)).expanduser().resolve()
-        if not (ckpt.is_file() or _is_sharded(ckpt)):
-            raise FileNotFoundError(f"train.init_from={cfg.train.init_from}: no such checkpoint "
-                                    "file (e.g. <run folder>/checkpoints/step_<N>.ckpt)")
-        return ckpt, None
-    else:
-        return None, None
-    run_id = None
-    rid = out_dir / RUN_ID_FILE
-    if ckpt.parent.parent == out_dir and rid.is_file():
-        run_id = rid.read_text().strip() or None
-    return ckpt, run_id
-
-
 def _check_branch_keys(cfg: DictConfig, spec: RunSpec) -> None:
     """train.save_at_steps / train.init_from: bad values fail before any IO."""
     bad = [int(s) for s in cfg.train.get("save_at_steps") or [] if not 1 <= int(s) <= spec.max_steps]
@@ -290,6 +273,10 @@ def _torch_setup(cfg: DictConfig) -> None:
     torch.set_float32_matmul_precision(str(cfg.train.matmul_precision))
 
 
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
+               errno.EEXIST)
+
+
 def _build_data(cfg: DictConfig, spec: RunSpec, rank0: bool) -> dict[str, Any]:
     """The DataModule for the objective plus vocab size, tokenizer spec, bytes per token."""
     import scalelab.data as D
@@ -303,7 +290,14 @@ def _build_data(cfg: DictConfig, spec: RunSpec, rank0: bool) -> dict[str, Any]:
             "tokenizer_spec": {"kind": "seq2seq_char", "name": "seq2seq_char", "chars": vocab.chars},
             "bytes_per_token": 1.0, "prepared": None,
         }
-    prepared = D.prepare(spec.data, spec.tokenizer, cache_dir=Path(cfg.paths.data_dir), progress=rank0)
+    try:
+        prepared = D.prepare(spec.data, spec.tokenizer, cache_dir=Path(cfg.paths.data_dir), progress=rank0)
+    except OSError as e:
+        if e.errno not in _UNWRITABLE:
+            raise
+        raise ValueError(f"paths.data_dir={cfg.paths.data_dir}: cannot write the token cache "
+                         f"({e.strerror}: {e.filename}); set paths.data_dir to a writable folder "
+                         "with free space") from e
     if spec.objective == "mlm":
         dm = D.MaskedLMDataModule(prepared, block_size=spec.block_size, batch_size=micro,
                                   seed=int(cfg.seed), val_batches=int(cfg.train.val_batches))
@@ -451,6 +445,8 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
 
 def _trainer_kwargs(cfg: DictConfig, spec: RunSpec, tracker: Any, callbacks: list[Any],
                     out_dir: Path) -> dict[str, Any]:
+    from scalelab.training.checkpoint import VerifiedCheckpointIO
+
     t = cfg.trainer
     accum = spec.batch.grad_accum
     limit_val = t.limit_val_batches if t.limit_val_batches is not None else int(cfg.train.val_batches)
@@ -483,6 +479,7 @@ def _trainer_kwargs(cfg: DictConfig, spec: RunSpec, tracker: Any, callbacks: lis
         "logger": tracker.lightning_logger(),
         "callbacks": callbacks,
         "default_root_dir": str(out_dir),
+        "plugins": [VerifiedCheckpointIO()],  # temp file in place, fsync, rename, hash sidecar
     }
 
 
@@ -548,7 +545,7 @@ def _finish(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, Any]
             final[f"final/{k[4:]}"] = v
     tracker.log_metrics({k: v for k, v in final.items() if v is not None}, step=step)
     if sample:
-        (out_dir / "sample.txt").write_text(sample)
+        atomic_write_text(out_dir / "sample.txt", sample)
         tracker.log_text(sample, "sample.txt")
     if cfg.logger.log_checkpoint and last_ckpt.is_file() and trainer.is_global_zero:
         tracker.log_artifact(last_ckpt, "checkpoints")

@@ -81,6 +81,15 @@ class _StreamDataModule(pl.LightningDataModule):
         self.epoch_batches = epoch_batches
         self.consumed = 0  # train batches handed to the model so far (this rank)
         self._train_ds: _BatchStream | None = None
+        self.pinned = 0  # > 0: every epoch replays the first `pinned` batches (overfit debugging)
+
+    def pin_batches(self, n: int) -> None:
+        """Train on the same first ``n`` batches forever (``trainer.overfit_batches=n``).
+
+        Lightning's overfit_batches only shortens the epoch; this stream would still hand out
+        new batches each epoch, so the loss could never reach ~0.
+        """
+        self.pinned = max(0, int(n))
 
     # subclasses: the batch maker for (rank) and the default epoch length for (world)
     def _train_maker(self, rank: int) -> Callable[[int], Batch]:
@@ -92,6 +101,9 @@ class _StreamDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, world = _rank_world(self.trainer)
         n = self.epoch_batches or self._default_epoch_batches(world)
+        if self.pinned:
+            self._train_ds = _BatchStream(self._train_maker(rank), self.pinned, 0)
+            return DataLoader(self._train_ds, batch_size=None, num_workers=self.num_workers)
         self._train_ds = _BatchStream(self._train_maker(rank), max(1, int(n)), self.consumed)
         return DataLoader(
             self._train_ds,
@@ -104,7 +116,7 @@ class _StreamDataModule(pl.LightningDataModule):
         trainer = self.trainer
         if trainer is None or trainer.training:
             self.consumed += 1
-            if self._train_ds is not None:
+            if self._train_ds is not None and not self.pinned:
                 self._train_ds.start = self.consumed  # the next epoch continues from here
         return batch
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from scalelab.files import atomic_save_with, atomic_write_text
+
 from .fit import Estimate, ScalingResults, VariantFit
 from .fit_synthetic import CHINCHILLA, EPOCH_2024
 
@@ -40,7 +42,7 @@ def _plt():
 def _save(fig, path: Path) -> Path:
     """Lay out, write and close a figure (closing frees it: sweeps draw many)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_save_with(path, lambda tmp: fig.savefig(tmp, dpi=120))
     _plt().close(fig)
     return path
 
@@ -293,6 +295,6 @@ def write_report(results: ScalingResults, out_dir, plan=None) -> list[Path]:
                f"bootstrap interval; < 1 means the variant is better there. `significant`: the interval "
                f"excludes 1.", "", _md_table(results.comparison), ""]
     path = out / "report.md"
-    path.write_text("\n".join(md))
+    atomic_write_text(path, "\n".join(md))
     written.append(path)
     return written

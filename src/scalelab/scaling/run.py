@@ -16,7 +16,6 @@ and a point whose FINISHED child already exists in MLflow is skipped on a rerun.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from scalelab.files import atomic_write_json, atomic_write_text
 from scalelab.scaling.plan import FamilyConfig, Plan, PlanPoint, SweepSpec, make_plan
 
 LAUNCHERS = ("hydra", "subprocess")
@@ -63,8 +63,10 @@ class RunSettings:
             raise ValueError(f"sweep.launcher={self.launcher!r}: choose one of {', '.join(LAUNCHERS)}")
         if self.flops_convention not in ("attention", "6n"):
             raise ValueError(f"sweep.flops_convention={self.flops_convention!r}: choose attention or 6n")
-        if not self.name or any(c in self.name for c in "/\\ ,="):
-            raise ValueError(f"sweep.name={self.name!r}: a folder-safe name (no / , = or spaces)")
+        if not self.name or any(c in self.name for c in "/\\ ,=") or self.name.startswith("."):
+            # the folder is sweeps/<name>: "..", "../x" or ".x" would leave or hide it
+            raise ValueError(f"sweep.name={self.name!r}: a folder-safe name (no / , = or spaces, "
+                             "not starting with a dot)")
         if self.val_evals < 1 or self.val_batches < 1:
             raise ValueError("sweep.val_evals and sweep.val_batches must be >= 1")
         self.train_overrides = [str(o) for o in self.train_overrides]
@@ -229,7 +231,7 @@ def write_point_config(path: Path, p: PlanPoint, overrides: dict[str, Any]) -> N
     path.parent.mkdir(parents=True, exist_ok=True)
     head = (f"# @package _global_\n# {p.name}: budget C={p.budget:.3g} FLOPs, variant {p.variant},"
             f" N={p.n_params_matmul:,} (matmul), D={p.tokens:,} tokens, {p.steps} steps\n")
-    path.write_text(head + OmegaConf.to_yaml(OmegaConf.create(_nest(overrides))))
+    atomic_write_text(path, head + OmegaConf.to_yaml(OmegaConf.create(_nest(overrides))))
 
 
 def train_command(train_overrides: list[str], point_names: list[str], conf_dir: Path,
@@ -513,8 +515,8 @@ def save_plan(plan: Plan, sweep_dir: Path, estimates: Optional[list[float]] = No
         for r, s in zip(rows, estimates, strict=True):
             r["est_seconds"] = round(s, 1)
     paths = {"json": sweep_dir / "plan.json", "csv": sweep_dir / "plan.csv"}
-    paths["json"].write_text(json.dumps(plan.to_dict(), indent=2, default=str) + "\n")
-    pd.DataFrame(rows).to_csv(paths["csv"], index=False)
+    atomic_write_json(paths["json"], plan.to_dict(), default=str)
+    atomic_write_text(paths["csv"], pd.DataFrame(rows).to_csv(index=False))
     return paths
 
 

@@ -300,8 +300,7 @@ def consolidate_checkpoint(sharded: str | Path, output: str | Path | None = None
     export load it with ``torch.load(weights_only=True)`` and a non-FSDP run can resume from it.
     Runs on CPU in one process. Default output: ``<folder>.consolidated.ckpt`` next to it.
     """
-    from lightning_fabric.utilities.load import _load_distributed_checkpoint
-    from pytorch_lightning.utilities.consolidate_checkpoint import _format_checkpoint
+    from scalelab.training.checkpoint import read_sharded, write_checkpoint
 
     src = Path(sharded)
     if not is_sharded_checkpoint(src):
@@ -310,11 +309,8 @@ def consolidate_checkpoint(sharded: str | Path, output: str | Path | None = None
             "that trainer.strategy=fsdp with trainer.fsdp.state_dict_type=sharded wrote"
         )
     out = Path(output) if output is not None else src.with_name(src.name + ".consolidated.ckpt")
-    checkpoint = _format_checkpoint(_load_distributed_checkpoint(src))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    torch.save(checkpoint, tmp)
-    tmp.replace(out)
+    # not Lightning's _load_distributed_checkpoint: it unpickles .metadata and meta.pt freely
+    write_checkpoint(read_sharded(src), out)
     return out
 
 

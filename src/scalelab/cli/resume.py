@@ -1,0 +1,120 @@
+"""Which checkpoint a `scalelab-train` command continues from, and whether it may.
+
+Everything here only READS: the command's checkpoint (``ckpt_path=``, ``resume=true``,
+``train.init_from=``) is chosen and verified, then matched against the model, objective and
+tokenizer the command builds, and a FINISHED run is only reopened by ``resume=true`` with more
+steps. Only then does train.py create the MLflow run, write into the folder or reopen anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from scalelab.training.checkpoint import (
+    CheckpointError,
+    check_compatible,
+    newest_verified,
+    read_meta,
+    verify,
+)
+
+log = logging.getLogger("scalelab.train")
+RUN_ID_FILE = "mlflow_run_id"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass
+class ResumePoint:
+    ckpt: Path | None = None  # None: a fresh run
+    run_id: str | None = None  # the MLflow run to reopen (None: a new MLflow run)
+    key: str = ""  # the config key that named the checkpoint, for messages
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def _is_checkpoint(p: Path) -> bool:
+    return p.is_file() or (p.is_dir() and (p / ".metadata").is_file())
+
+
+def resume_point(cfg: DictConfig, out_dir: Path) -> ResumePoint:
+    """The checkpoint to continue from and the MLflow run to reopen; raises on a bad choice."""
+    if cfg.ckpt_path:
+        ckpt = Path(str(cfg.ckpt_path)).expanduser().resolve()
+        if not _is_checkpoint(ckpt):
+            raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path}: no such checkpoint file")
+        why = verify(ckpt)
+        if why:
+            raise CheckpointError(f"ckpt_path={ckpt}: {why}; pass another checkpoint "
+                                  "(e.g. checkpoints/best.ckpt or a step_<N>.ckpt)")
+        point = ResumePoint(ckpt, key="ckpt_path")
+    elif cfg.resume:
+        ckpt_dir = out_dir / "checkpoints"
+        ckpt, skipped = newest_verified(ckpt_dir)
+        if ckpt is None and not skipped:
+            raise FileNotFoundError(
+                f"resume=true: {ckpt_dir / 'last.ckpt'} does not exist; the run in {out_dir} never "
+                "reached its first checkpoint (train.val_every steps). Start it again without "
+                "resume=true.")
+        if ckpt is None:
+            listed = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+            raise CheckpointError(f"resume=true: no usable checkpoint in {ckpt_dir} ({listed}); "
+                                  "start the run again without resume=true")
+        for p, why in skipped:
+            log.warning("resume: skipped %s (%s)", p, why)
+        if skipped:
+            log.warning("resume: continuing from %s", ckpt)
+        point = ResumePoint(ckpt, key="resume", skipped=skipped)
+    elif cfg.train.get("init_from"):
+        # a NEW run from another run's checkpoint (WSD branch): step, optimizer and data
+        # position carry over, but never the source run's MLflow run or folder
+        ckpt = Path(str(cfg.train.init_from)).expanduser().resolve()
+        if not _is_checkpoint(ckpt):
+            raise FileNotFoundError(f"train.init_from={cfg.train.init_from}: no such checkpoint "
+                                    "file (e.g. <run folder>/checkpoints/step_<N>.ckpt)")
+        why = verify(ckpt)
+        if why:
+            raise CheckpointError(f"train.init_from={ckpt}: {why}; pass another checkpoint")
+        return ResumePoint(ckpt, key="train.init_from")
+    else:
+        return ResumePoint()
+    rid = out_dir / RUN_ID_FILE
+    if point.ckpt is not None and point.ckpt.parent.parent == out_dir and rid.is_file():
+        point.run_id = rid.read_text().strip() or None
+    return point
+
+
+def _status(out_dir: Path) -> str | None:
+    try:
+        return str(json.loads((out_dir / SUMMARY_FILE).read_text()).get("status"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_resume_point(point: ResumePoint, cfg: DictConfig, out_dir: Path, *, max_steps: int,
+                       model_config: dict[str, Any], objective: str,
+                       tokenizer: dict[str, Any]) -> None:
+    """Raise (one line) unless ``point`` may continue into ``out_dir`` with this model."""
+    if point.ckpt is None:
+        return
+    meta = read_meta(point.ckpt)
+    label = "train.init_from" if point.key == "train.init_from" else point.key
+    check_compatible(label, point.ckpt, meta, model_config=model_config, objective=objective,
+                     tokenizer=tokenizer)
+    if point.key == "train.init_from":
+        return  # a new run in a new folder: nothing is reopened
+    step = int(meta.get("global_step", 0))
+    finished = _status(out_dir) == "FINISHED"
+    if finished and not cfg.resume:
+        raise ValueError(
+            f"{point.key}={point.ckpt} continues the FINISHED run in {out_dir}; to add steps to it "
+            f"pass resume=true with train.max_steps above {step}, or start a new run from it with "
+            f"train.init_from={point.ckpt}")
+    if finished and step >= max_steps:
+        raise ValueError(
+            f"{point.key}: {point.ckpt} is already at step {step} and this run has "
+            f"train.max_steps={max_steps}: nothing to add; raise train.max_steps to continue it")

@@ -1,0 +1,379 @@
+"""The checkpoint format, in one place: how a checkpoint is written, read, verified and chosen.
+
+- Writing (``VerifiedCheckpointIO``, given to the Trainer as a plugin, so ModelCheckpoint,
+  StepCheckpoints and ``trainer.save_checkpoint`` all use it): a temp file in the destination
+  folder, fsync, rename, then a ``<name>.sha256`` sidecar holding size and SHA-256. Lightning's own
+  writer stages the file in $TMPDIR and moves it, which across filesystems is a plain copy that a
+  full disk leaves truncated under the final name.
+- Reading (``read_checkpoint``): always ``torch.load(weights_only=True)``, passed explicitly so
+  TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD cannot turn it off; a broken file is one ``CheckpointError``
+  line naming the file and the fix, never torch's advice to load with weights_only=False.
+- Verifying (``verify``): the sidecar's size and hash; a file without a sidecar (older runs,
+  FSDP consolidation) must load.
+- Choosing (``newest_verified``): resume takes last.ckpt, else the newest step_<N>.ckpt or
+  best.ckpt that verifies, and reports the ones it skipped.
+- Matching (``check_compatible``): the checkpoint's model shape, objective and tokenizer against
+  the run about to use it, before any run folder or MLflow run is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import os
+import pickle
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning_fabric.plugins import TorchCheckpointIO
+
+from scalelab.files import atomic_write_json, fsync_dir, temp_path_for
+
+SIDECAR_SUFFIX = ".sha256"
+# ModelConfig keys that change how weights are initialised or regularised, not their shapes:
+# a checkpoint trained with other values still continues correctly.
+_NOT_SHAPE_KEYS = frozenset({"dropout", "init_std", "scale_residual_init"})
+_HASH_CHUNK = 1 << 20
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: one line naming the file and what to do."""
+
+
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed (typically a full disk); the message names the path."""
+
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]" prefix
+        return str(self.strerror)
+
+
+# --- writing ------------------------------------------------------------------------------------
+def sidecar_path(path: Path) -> Path:
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def write_checkpoint(checkpoint: Mapping[str, Any], path: str | Path) -> None:
+    """Write ``checkpoint`` to ``path`` atomically, with its size/hash sidecar."""
+    path = Path(path)
+    tmp = temp_path_for(path)
+    # Serialized in memory first (as Lightning does): torch's zip writer turns a full disk into
+    # "unexpected pos"; plain file writes raise OSError(ENOSPC), which names the problem.
+    buf = io.BytesIO()
+    torch.save(dict(checkpoint), buf)
+    data = buf.getbuffer()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+        atomic_write_json(sidecar_path(path), {"size": len(data),
+                                               "sha256": hashlib.sha256(data).hexdigest()})
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise _write_error(path, e) from e
+    finally:
+        data.release()
+
+
+def _write_error(path: Path, e: OSError) -> CheckpointWriteError:
+    why = e.strerror or str(e)
+    fix = ("free space on that disk or point paths.log_dir/paths.output_dir at a larger one"
+           if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check that the folder is writable")
+    return CheckpointWriteError(e.errno or errno.EIO,
+                                f"could not write checkpoint {path}: {why}; {fix}")
+
+
+class VerifiedCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint IO with ``write_checkpoint``/``read_checkpoint`` semantics."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
+                        storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError("VerifiedCheckpointIO takes no storage_options")
+        write_checkpoint(checkpoint, path)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        # weights_only is ignored on purpose: scalelab checkpoints hold plain data only
+        return read_checkpoint(path, map_location=map_location or "cpu")
+
+    def remove_checkpoint(self, path: Any) -> None:
+        super().remove_checkpoint(path)
+        with contextlib.suppress(FileNotFoundError):
+            sidecar_path(Path(path)).unlink()
+
+
+# --- reading ------------------------------------------------------------------------------------
+def _load_failure(path: Path, e: BaseException) -> CheckpointError:
+    if isinstance(e, pickle.UnpicklingError) and "GLOBAL" in str(e):
+        why = "it holds pickled objects other than tensors and plain data (refused: they could run code)"
+    elif isinstance(e, pickle.UnpicklingError):
+        why = "it is not a torch checkpoint"
+    elif isinstance(e, (EOFError, zipfile.BadZipFile)) or "central directory" in str(e) \
+            or "zip archive" in str(e):
+        why = "it is truncated or not a torch checkpoint"
+    else:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        why = first[:160] if "weights_only" not in first else "torch could not read it"
+    return CheckpointError(f"{path}: not a usable checkpoint ({why}); pass another checkpoint "
+                           "(e.g. checkpoints/best.ckpt or a step_<N>.ckpt) or train again")
+
+
+def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """The checkpoint dict (plain data only); ``CheckpointError`` if it is not usable."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
+            KeyError, AttributeError, IndexError, TypeError) as e:
+        raise _load_failure(path, e) from None
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # EINVAL: torch seeking past the end of a truncated file
+            raise
+        raise _load_failure(path, EOFError()) from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise CheckpointError(f"{path}: not a Lightning checkpoint (no state_dict); pass a "
+                              "checkpoint that scalelab-train wrote (<run folder>/checkpoints/*.ckpt)")
+    return ckpt
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """What scalelab-train stored about the run (model config, objective, tokenizer, step).
+
+    An FSDP sharded folder keeps it in ``meta.pt`` next to the shards; read it with
+    weights_only=True too, never the shards' pickled metadata.
+    """
+    path = Path(path)
+    if path.is_dir():
+        meta_file = path / "meta.pt"
+        if not meta_file.is_file():
+            raise CheckpointError(f"{path}: a checkpoint folder without meta.pt; pass a .ckpt file")
+        try:
+            extra = torch.load(meta_file, map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as e:
+            raise _load_failure(meta_file, e) from None
+        if not isinstance(extra, dict):
+            raise CheckpointError(f"{meta_file}: not checkpoint metadata")
+        ckpt = extra
+    else:
+        ckpt = read_checkpoint(path)
+    meta = dict(ckpt.get("scalelab_run") or {})
+    meta["global_step"] = int(ckpt.get("global_step", 0))
+    return meta
+
+
+# --- verifying and choosing -----------------------------------------------------------------
+def verify(path: str | Path) -> str | None:
+    """None if ``path`` is a complete checkpoint, else why not (one short phrase)."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / ".metadata").is_file():
+            return "a folder without FSDP .metadata"
+        try:  # the shard index must be made of checkpoint classes only (see _MetadataUnpickler)
+            with open(path / ".metadata", "rb") as f:
+                _MetadataUnpickler(f).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, AttributeError, ImportError) as e:
+            return f"its .metadata is unusable ({str(e).splitlines()[0][:120] if str(e) else 'truncated'})"
+        return None
+    if not path.is_file():
+        return "missing"
+    side = sidecar_path(path)
+    if side.is_file():
+        import json
+
+        try:
+            want = json.loads(side.read_text())
+            size_want, hash_want = int(want["size"]), str(want["sha256"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"its sidecar {side.name} is unreadable"
+        size, digest = path.stat().st_size, None
+        if size != size_want:
+            return f"truncated or changed: {size:,} of {size_want:,} bytes"
+        size, digest = file_digest(path)
+        return None if digest == hash_want else "its SHA-256 does not match its sidecar"
+    try:  # no sidecar (written before sidecars, or by hand): it must at least load
+        read_checkpoint(path)
+    except CheckpointError as e:
+        return str(e).split(": ", 1)[-1].split("; ", 1)[0]
+    return None
+
+
+def _step_of(path: Path) -> int:
+    stem = path.stem
+    return int(stem.split("_", 1)[1]) if stem.startswith("step_") and stem[5:].isdigit() else -1
+
+
+def candidates(ckpt_dir: Path) -> list[Path]:
+    """last.ckpt first, then step_<N>.ckpt and best.ckpt, newest first."""
+    others = [p for p in ckpt_dir.glob("*.ckpt") if p.name != "last.ckpt"
+              and not p.name.endswith(".consolidated.ckpt") and not p.name.startswith(".")]
+    others.sort(key=lambda p: (p.stat().st_mtime, _step_of(p)), reverse=True)
+    last = ckpt_dir / "last.ckpt"
+    return ([last] if last.exists() else []) + others
+
+
+def newest_verified(ckpt_dir: str | Path,
+                    check: Callable[[Path], str | None] = verify,
+                    ) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint in ``ckpt_dir`` that verifies, and (path, why) for those skipped."""
+    skipped: list[tuple[Path, str]] = []
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return None, skipped
+    for cand in candidates(d):
+        why = check(cand)
+        if why is None:
+            return cand, skipped
+        skipped.append((cand, why))
+    return None, skipped
+
+
+# --- matching the run about to use it ----------------------------------------------------------
+def describe_model(model_config: Mapping[str, Any]) -> str:
+    """A short shape line, e.g. ``decoder d_model=64 n_layers=2 n_heads=4 vocab=65 seq=64``."""
+    m = model_config
+    parts = [str(m.get("arch", "?")), f"d_model={m.get('d_model')}", f"n_layers={m.get('n_layers')}",
+             f"n_heads={m.get('n_heads')}", f"vocab={m.get('vocab_size')}", f"seq={m.get('max_seq_len')}"]
+    return " ".join(parts)
+
+
+def _tokenizer_identity(spec: Mapping[str, Any]) -> dict[str, Any]:
+    # the prepared folder's location may move between machines; name/vocab may not
+    return {k: v for k, v in spec.items() if k not in ("dir", "kind")}
+
+
+def check_compatible(key: str, path: Path, meta: Mapping[str, Any], *,
+                     model_config: Mapping[str, Any], objective: str,
+                     tokenizer: Mapping[str, Any]) -> None:
+    """Raise CheckpointError naming both sides if ``path`` cannot continue this run."""
+    saved = meta.get("model_config")
+    if not saved:
+        raise CheckpointError(f"{key}={path}: no scalelab run metadata in it (not written by "
+                              "scalelab-train); pass a checkpoint from <run folder>/checkpoints/")
+    diff = sorted(k for k in set(saved) | set(model_config)
+                  if k not in _NOT_SHAPE_KEYS and saved.get(k) != model_config.get(k))
+    if diff:
+        detail = ", ".join(f"{k} {saved.get(k)!r} vs {model_config.get(k)!r}" for k in diff[:6])
+        raise CheckpointError(
+            f"{key}={path} holds a model of shape [{describe_model(saved)}] but this run builds "
+            f"[{describe_model(model_config)}] ({detail}); use the model/tokenizer overrides of the "
+            "run that wrote it, or another checkpoint")
+    if meta.get("objective") and meta["objective"] != objective:
+        raise CheckpointError(f"{key}={path} was trained with objective={meta['objective']}, this "
+                              f"run uses objective={objective}; pick a matching checkpoint")
+    saved_tok = meta.get("tokenizer")
+    if saved_tok and _tokenizer_identity(saved_tok) != _tokenizer_identity(tokenizer):
+        raise CheckpointError(
+            f"{key}={path} was trained with tokenizer {saved_tok.get('name')!r} "
+            f"(vocab {saved_tok.get('vocab_size', saved.get('vocab_size'))}), this run uses "
+            f"{tokenizer.get('name')!r}; use the same tokenizer= and data= as that run")
+
+
+# --- FSDP sharded folders, read without unpickling arbitrary objects ----------------------------
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                "torch.distributed.checkpoint.planner")
+_SAFE_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"),
+                 ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+                 ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
+                 ("builtins", "slice")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """torch.distributed.checkpoint's ``.metadata`` is a raw pickle (its reader calls
+    ``pickle.load``): allow only the classes that file is made of, so a crafted folder cannot
+    run code even with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import importlib
+
+        if module in _DCP_MODULES:
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type) and obj.__module__ == module:
+                return obj
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        elif (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+
+def _safe_reader(folder: Path) -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            with open(Path(self.path) / ".metadata", "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(folder)
+
+
+def _safe_planner() -> Any:
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+
+    class SafePlanner(_EmptyStateDictLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            # the default planner loads non-tensor items with weights_only=False
+            obj = torch.load(value, map_location="cpu", weights_only=True)
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._traverse import set_element
+
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafePlanner()
+
+
+def read_sharded(folder: str | Path) -> dict[str, Any]:
+    """A sharded FSDP checkpoint folder as one Lightning checkpoint dict (plain data only)."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    folder = Path(folder)
+    why = verify(folder)  # the shard index, with the restricted unpickler, before torch reads it
+    if why:
+        raise CheckpointError(f"{folder}: not a usable checkpoint ({why}); pass another checkpoint")
+    checkpoint: dict[str, Any] = {}
+    try:
+        _load_state_dict(checkpoint, storage_reader=_safe_reader(folder), planner=_safe_planner(),
+                         no_dist=True)
+        meta_file = folder / "meta.pt"  # Lightning's non-tensor rest (step, loops, callbacks)
+        if meta_file.is_file():
+            checkpoint.update(torch.load(meta_file, map_location="cpu", weights_only=True))
+    except Exception as e:  # torch wraps per-rank failures in CheckpointException
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+            raise
+        raise _load_failure(folder, e) from None
+    # Lightning's layout -> a single-device checkpoint (pytorch_lightning consolidate_checkpoint)
+    checkpoint["state_dict"] = checkpoint.pop("model")
+    opt_keys = sorted(k for k in checkpoint if k.startswith("optimizer_") and k[10:].isdigit())
+    if opt_keys:
+        checkpoint["optimizer_states"] = [checkpoint.pop(f"optimizer_{i}") for i in range(len(opt_keys))]
+    return checkpoint

@@ -1,0 +1,123 @@
+"""Bad input to real `scalelab-train` / `scalelab-sample` / `scalelab-export` processes: one line
+naming the key or file and the fix, exit code 2, no traceback, and no folder left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+@contextlib.contextmanager
+def _readonly_tmpfs(path: Path) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+def _one_line(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "weights_only" not in r.stderr, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, r.stderr[-3000:]
+    return errors[0]
+
+
+def _garbage(tmp: Path) -> Path:
+    p = tmp / "garbage.ckpt"
+    p.write_bytes(os.urandom(4096))
+    return p
+
+
+def _truncated(tmp: Path) -> Path:
+    p = tmp / "trunc.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(10_000)}}, p)
+    p.write_bytes(p.read_bytes()[:20_000])
+    return p
+
+
+@pytest.mark.parametrize(("case", "needles"), [
+    ("resume_no_run", ["resume=true", "no earlier run named 'nobody'"]),
+    ("unknown_model_key", ["model.some_unknown_key", "+model.some_unknown_key"]),
+    ("garbage_ckpt_path", ["garbage.ckpt", "not a usable checkpoint"]),
+    ("truncated_init_from", ["train.init_from", "trunc.ckpt", "truncated"]),
+    ("root_is_a_file", ["paths.log_dir", "is a file", "SCALELAB_ROOT"]),
+    ("root_read_only", ["paths.log_dir", "read-only", "SCALELAB_ROOT"]),
+    ("data_dir_read_only", ["paths.data_dir", "Read-only file system"]),
+])
+def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: list[str],
+                                                          tmp_path: Path, train_cli) -> None:
+    args = ["model=gpt2_tiny", "data=pystdlib", "data.max_bytes=100000", "tokenizer=byte",
+            "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32",
+            "train.max_steps=3", *train_cli.isolated(tmp_path)]
+    env = train_cli.env()
+    with contextlib.ExitStack() as stack:
+        if case == "resume_no_run":
+            args += ["resume=true", "run_name=nobody"]
+        elif case == "unknown_model_key":
+            args += ["+model.some_unknown_key=1"]
+        elif case == "garbage_ckpt_path":
+            args += [f"ckpt_path={_garbage(tmp_path)}"]
+        elif case == "truncated_init_from":
+            args += [f"train.init_from={_truncated(tmp_path)}"]
+        elif case in ("root_is_a_file", "root_read_only"):
+            if case == "root_is_a_file":
+                root = tmp_path / "root_file"
+                root.write_text("not a folder\n")
+            else:
+                root = stack.enter_context(_readonly_tmpfs(tmp_path / "ro_root"))
+            env["SCALELAB_ROOT"] = str(root)
+            args = [a for a in args if not a.startswith("paths.log_dir=")]
+        elif case == "data_dir_read_only":
+            ro = stack.enter_context(_readonly_tmpfs(tmp_path / "ro_data"))
+            args += [f"paths.data_dir={ro / 'cache'}"]
+        r = train_cli.run(*args, env=env, timeout=300)
+    line = _one_line(r)
+    for needle in needles:
+        assert needle in line, line
+    outputs = tmp_path / "outputs"
+    assert not outputs.exists() or not any(outputs.rglob(".hydra")), sorted(outputs.rglob("*"))
+    assert not (tmp_path / "mlruns.db").exists()  # no MLflow run either
+
+
+@pytest.mark.parametrize("tool", ["sample", "export"])
+@pytest.mark.parametrize("make", [_garbage, _truncated])
+def test_broken_checkpoint_in_sample_and_export(tool: str, make, tmp_path: Path) -> None:
+    ck = make(tmp_path)
+    extra = ["--out", str(tmp_path / "exported")] if tool == "export" else []
+    r = subprocess.run([sys.executable, "-m", f"scalelab.cli.{tool}", str(ck), *extra],
+                       capture_output=True, text=True, timeout=120)
+    line = _one_line(r)
+    assert str(ck) in line and "not a usable checkpoint" in line, line
+    assert not (tmp_path / "exported").exists()
+
+
+def test_code_in_a_checkpoint_never_runs_even_when_torch_is_told_to_allow_it(tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "x": Payload()}, evil)
+    env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+    for tool, extra in (("sample", []), ("export", ["--out", str(tmp_path / "e")])):
+        r = subprocess.run([sys.executable, "-m", f"scalelab.cli.{tool}", str(evil), *extra],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert "could run code" in _one_line(r)
+        assert not marker.exists(), f"scalelab-{tool} ran the checkpoint's code"
