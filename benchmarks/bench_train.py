@@ -4,7 +4,8 @@ Three sides, interleaved (A B C A B C ...), medians and ratios:
 
 1. ref      a minimal transformer (benchmarks/reference_gpt.py) in a plain loop, same batches,
             same AdamW settings and threads (decoders and the encoder only);
-2. model    scalelab's ``Transformer`` in that same plain loop (model efficiency);
+2. model    scalelab's ``Transformer`` in that same plain loop (model efficiency); 1 and 2
+            alternate step by step, so load changes on a shared machine hit both alike;
 3. platform ``scalelab-train`` as a subprocess: Hydra, Lightning, MLflow (a temp SQLite store),
             callbacks, validation, samples and checkpoints at the experiment's defaults.
 
@@ -155,18 +156,25 @@ class PlainLoop:
         self.opt.zero_grad(set_to_none=True)
         return loss
 
-    def run(self, steps: int, skip: int = 3) -> list[float]:
-        """Seconds per step of ``steps`` steps (the first ``skip`` not kept: warm-up)."""
-        times = []
+    def timed_step(self) -> float:
         sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
-        for k in range(steps + skip):
-            sync()
-            t0 = time.perf_counter()
-            self.step()
-            sync()
+        sync()
+        t0 = time.perf_counter()
+        self.step()
+        sync()
+        return time.perf_counter() - t0
+
+
+def run_interleaved(loops: dict[str, PlainLoop], steps: int, skip: int = 3) -> dict[str, list[float]]:
+    """Seconds per step of each loop, alternating one step each (A B A B ...), so a change in
+    the machine's load hits both sides alike; the first ``skip`` steps are warm-up."""
+    times: dict[str, list[float]] = {k: [] for k in loops}
+    for k in range(steps + skip):
+        for side, loop in loops.items():
+            dt = loop.timed_step()
             if k >= skip:
-                times.append(time.perf_counter() - t0)
-        return times
+                times[side].append(dt)
+    return times
 
 
 # --- the platform (side 3) --------------------------------------------------------------------
@@ -215,8 +223,8 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
     step_times: dict[str, list[float]] = {k: [] for k in loops}
     plat: list[dict[str, Any]] = []
     for r in range(rounds):
-        for side, loop in loops.items():
-            step_times[side].append(statistics.median(loop.run(loop_steps)))
+        for side, times in run_interleaved(loops, loop_steps).items():
+            step_times[side].append(statistics.median(times))
         plat.append(run_platform(overrides, platform_steps, workdir, threads, gpu))
         log(f"  {name} round {r + 1}/{rounds}: " + ", ".join(
             f"{s} {loop.tokens / step_times[s][-1]:,.0f} tok/s" for s, loop in loops.items())
@@ -338,7 +346,7 @@ def bench_memory(overrides: list[str] | None = None) -> dict[str, Any]:
         m.zero_grad(set_to_none=True)
         nbytes, loss = saved_activation_bytes(m, x)
         loss.backward()
-        grads[ac] = (float(loss), torch.cat([p.grad.flatten() for p in m.parameters()]))
+        grads[ac] = (loss.item(), torch.cat([p.grad.flatten() for p in m.parameters()]))
         out["saved_bytes_" + ("checkpointed" if ac else "plain")] = nbytes
     out["activation_memory_ratio"] = out["saved_bytes_checkpointed"] / out["saved_bytes_plain"]
     out["max_grad_diff"] = float((grads[True][1] - grads[False][1]).abs().max())
