@@ -275,12 +275,11 @@ def loop_child(steps: int) -> None:
 
 def thread_settings() -> dict[str, dict[str, str]]:
     cores = thread_plan().cores
-    out: dict[str, dict[str, str]] = {"auto": {}}
-    for n in sorted({1, max(1, cores // 2), cores}):
+    out: dict[str, dict[str, str]] = {"auto": {}, "1t": {"SCALELAB_BENCH_THREADS": "1"}}
+    for n in sorted({max(2, cores // 2), cores} - {1}):  # one thread never waits on another
         for policy in ("ACTIVE", "PASSIVE", ""):
-            label = f"{n}t/{policy or 'default'}"
-            env = {"SCALELAB_BENCH_THREADS": str(n), "OMP_WAIT_POLICY": policy}
-            out[label] = env
+            out[f"{n}t/{policy or 'default'}"] = {"SCALELAB_BENCH_THREADS": str(n),
+                                                  "OMP_WAIT_POLICY": policy}
     return out
 
 
