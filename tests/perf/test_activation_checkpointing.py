@@ -68,3 +68,19 @@ def test_generation_ignores_checkpointing() -> None:
     model.set_activation_checkpointing(True)
     out = model.generate(torch.zeros(1, 1, dtype=torch.long), 8, temperature=0.0)
     assert torch.equal(ref, out)
+
+
+def test_train_config_key_reaches_the_model() -> None:
+    from hydra import compose, initialize_config_dir
+
+    import scalelab.cli.schema  # noqa: F401  (registers train_schema)
+    from scalelab.cli.modules import build_module
+    from scalelab.cli.spec import build_spec
+    from scalelab.tracking import conf_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose("train", overrides=["train.activation_checkpointing=true"])
+    spec = build_spec(cfg)
+    data = {"bytes_per_token": 1.0, "tokenizer": None}
+    module = build_module(cfg, spec, spec.with_vocab(64), data)
+    assert module.model.decoder.checkpointing and module.hparams["activation_checkpointing"]
