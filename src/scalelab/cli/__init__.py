@@ -4,9 +4,9 @@ Importing ``scalelab.cli.schema`` registers the structured-config schema (``trai
 the ``${scalelab.root:}`` / ``${scalelab.run_dir:...}`` resolvers that ``conf/`` uses.
 """
 
-import os as _os
+# Before torch loads libgomp (it reads OMP_WAIT_POLICY once): PASSIVE only when the cores are
+# oversubscribed (a busy machine, parallel sweep points); forcing it always made 2 threads as
+# slow as 1 on an idle machine. The rule and its measurements: scalelab/runtime.py.
+from scalelab.runtime import apply_omp_env as _apply_omp_env
 
-# Before torch loads libgomp: on a busy CPU (parallel sweep points, CI, a shared laptop),
-# OpenMP threads that spin-wait between ops waste most of the machine; measured here on a
-# loaded 2-core box, nano GPT training went from ~240 to ~4300 tokens/s. Set it to ACTIVE to opt out.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+_apply_omp_env()

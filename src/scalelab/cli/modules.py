@@ -25,6 +25,7 @@ def build_module(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str,
         # bits per byte only means something for text corpora
         bytes_per_token=data["bytes_per_token"] if spec.objective == "causal" else None,
         compile=bool(cfg.train.compile),
+        activation_checkpointing=bool(cfg.train.get("activation_checkpointing", False)),
         tokenizer=data["tokenizer"],
         sample_every_val=bool(s.enabled),
         sample_prompt=str(s.prompt),

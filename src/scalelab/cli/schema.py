@@ -38,6 +38,7 @@ class TrainSection:
     val_every: int = 100  # optimizer steps between validations
     val_batches: int = 20  # micro-batches per validation
     compile: bool = False
+    activation_checkpointing: bool = False  # recompute block activations in backward (less memory)
     matmul_precision: str = "high"  # highest | high | medium
     num_threads: Optional[int] = None  # noqa: UP045
     # WSD branches (sweep.wsd): save full-state checkpoints/step_<N>.ckpt at these optimizer steps

@@ -120,7 +120,9 @@ def _estimates(plan: Any, base: Any, settings: Any, console: Any) -> list[float]
     from scalelab.scaling.plan import estimate_seconds, measure_flops_per_s
 
     t0 = time.time()
-    fps = measure_flops_per_s(plan, base.micro_batch, threads=base.cfg.train.num_threads)
+    # time each size with the threads every parallel run will get (scalelab.runtime's rule)
+    threads = base.cfg.train.num_threads or _jobs_threads(settings)[1]
+    fps = measure_flops_per_s(plan, base.micro_batch, threads=threads)
     console.print(f"[dim]measured training throughput of {len(fps)} sizes in "
                   f"{time.time() - t0:.1f} s: {min(fps.values()):.2g}-{max(fps.values()):.2g} "
                   "FLOP/s[/dim]")
@@ -138,6 +140,14 @@ def _parallel_jobs(settings: Any) -> int:
     import os
 
     return max(1, os.cpu_count() or 1) if n < 1 else n
+
+
+def _jobs_threads(settings: Any) -> tuple[int, int]:
+    """(runs at a time, torch threads each): cores // runs, the rule scalelab-train applies
+    when SCALELAB_CONCURRENT_PROCS tells it how many runs share the cores."""
+    from scalelab.runtime import jobs_and_threads
+
+    return jobs_and_threads(_parallel_jobs(settings))
 
 
 def run(argv: list[str]) -> int:
@@ -189,7 +199,7 @@ def run(argv: list[str]) -> int:
     base = resolve_base(settings.train_overrides)
     plan = build_plan(spec, family, settings, base)
     estimates = _estimates(plan, base, settings, console)
-    print_plan(plan, estimates, console, _parallel_jobs(settings))
+    print_plan(plan, estimates, console, _jobs_threads(settings)[0])
     sweep_dir = sweep_dir_of(settings, base)
     if plan_only:
         console.print(f"plan only: nothing ran. Run it with: scalelab-sweep "
@@ -208,6 +218,12 @@ def run(argv: list[str]) -> int:
     for path in plan_files.values():
         parent.log_artifact(path, "plan")
 
+    import os
+
+    from scalelab.runtime import CONCURRENT_ENV
+
+    # each training process sizes its threads as cores // runs sharing them (scalelab.runtime)
+    os.environ[CONCURRENT_ENV] = str(_jobs_threads(settings)[0])
     runner = SweepRunner(plan, spec, settings, base, sweep_dir, parent, echo=console.print)
     try:
         outcome = runner.run()

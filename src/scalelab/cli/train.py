@@ -109,6 +109,7 @@ def _train(cfg: DictConfig) -> dict[str, Any]:
         run_folder.raise_deferred(out_dir)
         spec = build_spec(cfg)  # every config error surfaces here, before any IO
         _check_branch_keys(cfg, spec)
+        _check_precision(cfg)
         cfg.paths.output_dir = str(out_dir)  # the saved config names the folder actually used
         if is_slurm_requeue() and not cfg.ckpt_path and (out_dir / "checkpoints" / "last.ckpt").exists():
             cfg.resume = True  # SLURM started this job again after a requeue: continue it
@@ -263,13 +264,24 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 
 
+def _check_precision(cfg: DictConfig) -> None:
+    import torch
+
+    from scalelab.runtime import check_cpu_precision
+
+    check_cpu_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator),
+                        torch.cuda.is_available())
+
+
 def _torch_setup(cfg: DictConfig) -> None:
     import torch
 
     _quiet_lightning()
 
-    if cfg.train.num_threads:
-        torch.set_num_threads(int(cfg.train.num_threads))
+    from scalelab.runtime import thread_plan
+
+    # null: cores // processes sharing them (SCALELAB_CONCURRENT_PROCS), fewer on a busy machine
+    torch.set_num_threads(int(cfg.train.num_threads or thread_plan().threads))
     torch.set_float32_matmul_precision(str(cfg.train.matmul_precision))
 
 
@@ -539,6 +551,7 @@ def _finish(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, Any]
         "final/tokens_per_s": tok_s,
         "final/mfu": mfu,
         "final/fit_seconds": fit_seconds,
+        "final/time_to_first_step": perf.get("perf/time_to_first_step"),
     }
     for k, v in cm.items():  # e.g. val/exact_match from the seq2seq module
         if k.startswith("val/") and f"final/{k[4:]}" not in final:

@@ -83,6 +83,13 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.tok_emb.weight
         self.reset_parameters()
 
+    def set_activation_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each block's activations in backward instead of storing them (training
+        only; same loss and gradients). Parameters and state_dict keys are unchanged."""
+        for stack in (self.encoder, self.decoder):
+            if stack is not None:
+                stack.checkpointing = bool(enabled)
+
     # --- init ----------------------------------------------------------------------------
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, init_std) weights, zero biases, unit norm gains; the residual

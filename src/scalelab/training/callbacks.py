@@ -11,6 +11,13 @@ import torch
 from scalelab.training.perf import peak_flops
 
 
+def _process_start() -> float:
+    """When this process started (epoch seconds): start-up cost is counted from there."""
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
 class ThroughputMonitor(pl.Callback):
     """Logs tokens/s, model FLOP/s and MFU over windows of ``every_n_steps`` optimizer steps.
 
@@ -21,7 +28,8 @@ class ThroughputMonitor(pl.Callback):
 
     Metrics: perf/tokens_per_sec (all devices, in the progress bar),
     perf/tokens_per_sec_per_device, perf/flops_per_sec, perf/flops_per_sec_per_device,
-    perf/mfu. ``summary`` holds the run averages over all measured windows.
+    perf/mfu. ``summary`` holds the run averages over all measured windows, and
+    perf/time_to_first_step: seconds from process start to the end of the first step.
     """
 
     def __init__(self, every_n_steps: int | None = None, peak_flops_per_device: float | None = None):
@@ -70,6 +78,8 @@ class ThroughputMonitor(pl.Callback):
         self._last_step = step
         if self._t0 is None:  # the window starts after the first step of this fit
             self._start_window(pl_module)
+            if "perf/time_to_first_step" not in self.summary:
+                self.summary["perf/time_to_first_step"] = time.time() - _process_start()
             return
         every = self.every_n_steps or max(1, int(trainer.log_every_n_steps))
         if step % every:
@@ -86,7 +96,10 @@ class ThroughputMonitor(pl.Callback):
         metrics = self._metrics(tokens, flops, dt)
         for k, v in metrics.items():
             pl_module.log(k, v, on_step=True, on_epoch=False, prog_bar=(k == "perf/tokens_per_sec"))
+        first = self.summary.get("perf/time_to_first_step")
         self.summary = self._metrics(self._total_tokens, self._total_flops, self._total_time)
+        if first is not None:
+            self.summary["perf/time_to_first_step"] = first
         self._start_window(pl_module)
 
     def _metrics(self, tokens: float, flops: float, dt: float) -> dict[str, float]:

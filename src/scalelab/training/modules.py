@@ -76,6 +76,7 @@ class LMModule(pl.LightningModule):
         bytes_per_token: val UTF-8 bytes per token (``PreparedData.bytes_per_token``); enables
             ``val/bpb`` (causal LM only).
         compile: ``torch.compile`` the transformer (in ``configure_model``).
+        activation_checkpointing: recompute each block's activations in backward.
         tokenizer: anything with ``encode(str) -> list[int]`` and ``decode(list[int]) -> str``;
             used for text samples (causal) and for the eos id (seq2seq). Not saved.
         sample_every_val / sample_prompt / sample_tokens: text sample at each validation end.
@@ -92,6 +93,7 @@ class LMModule(pl.LightningModule):
         *,
         bytes_per_token: float | None = None,
         compile: bool = False,
+        activation_checkpointing: bool = False,
         tokenizer: Any = None,
         sample_every_val: bool = True,
         sample_prompt: str = "\n",
@@ -130,6 +132,7 @@ class LMModule(pl.LightningModule):
             "total_steps": self.total_steps,
             "bytes_per_token": self.bytes_per_token,
             "compile": self.use_compile,
+            "activation_checkpointing": bool(activation_checkpointing),
             "sample_every_val": self.sample_every_val,
             "sample_prompt": sample_prompt,
             "sample_tokens": self.sample_tokens,
@@ -137,6 +140,7 @@ class LMModule(pl.LightningModule):
             "sample_top_k": sample_top_k,
         })
         self.model = Transformer(mcfg)
+        self.model.set_activation_checkpointing(activation_checkpointing)
         self._compiled: nn.Module | None = None  # kept out of _modules: state_dict keys stay clean
 
         # Counters over all devices and micro-batches; saved in checkpoints.
@@ -229,6 +233,11 @@ class LMModule(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Runs once per optimizer step, after all micro-batches' backward and AMP unscaling,
         # before clipping: the logged grad_norm is the unclipped one.
+        if not self._logging_step():
+            # Lightning writes step metrics only every log_every_n_steps: computing the grad
+            # norm and logging 5 values on the other steps was pure per-step overhead.
+            self._win_loss, self._win_n = None, 0
+            return
         if self._win_loss is not None and self._win_n:
             loss = self._win_loss / self._win_n  # mean over the accumulation window
             self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
@@ -239,6 +248,17 @@ class LMModule(pl.LightningModule):
         # float64 keeps token counts exact (float32 rounds above 2**24 = 16.7M).
         self.log("tokens_seen", torch.tensor(self.tokens_seen, dtype=torch.float64),
                  on_step=True, on_epoch=False)
+
+    def _logging_step(self) -> bool:
+        """Whether Lightning sends this optimizer step's metrics to the logger (its own
+        every-``log_every_n_steps`` test) or it is the run's last step (final/train_loss)."""
+        trainer = self._trainer
+        if trainer is None:
+            return True
+        if trainer.max_steps > 0 and trainer.global_step + 1 >= trainer.max_steps:
+            return True
+        connector = getattr(trainer, "_logger_connector", None)
+        return True if connector is None else bool(connector.should_update_logs)
 
     def _clip_value(self) -> float:
         trainer = self._trainer

@@ -1,0 +1,487 @@
+"""Training throughput: a hand-written loop vs scalelab's Transformer vs the full scalelab-train.
+
+Three sides, interleaved (A B C A B C ...), medians and ratios:
+
+1. ref      a minimal transformer (benchmarks/reference_gpt.py) in a plain loop, same batches,
+            same AdamW settings and threads (decoders and the encoder only);
+2. model    scalelab's ``Transformer`` in that same plain loop (model efficiency); 1 and 2
+            alternate step by step, so load changes on a shared machine hit both alike;
+3. platform ``scalelab-train`` as a subprocess: Hydra, Lightning, MLflow (a temp SQLite store),
+            callbacks, validation, samples and checkpoints at the experiment's defaults.
+
+Plus ``threads`` (the automatic thread rule vs hand-picked settings, idle and loaded) and
+``memory`` (activation checkpointing: activation memory saved, loss/grad parity).
+
+    python -m benchmarks train                   # quick (< 3 min): 2 presets, 2 rounds
+    python -m benchmarks train --full            # every preset, 3 rounds, + threads
+    python -m benchmarks train --json out.json   # also write the results
+    python -m benchmarks train --compare old.json new.json
+    python -m benchmarks train --gpu             # GPT-2 124M / Llama 124M, bf16, compile
+
+Exits 1 when a ratio misses its target (or, with --compare, when a metric regressed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scalelab.runtime import apply_omp_env, thread_plan
+
+if not ("--_loop-child" in sys.argv and "SCALELAB_BENCH_THREADS" in os.environ):
+    apply_omp_env()  # before torch loads libgomp; a hand-picked child keeps its own setting
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAKESPEARE = Path(os.environ.get("SCALELAB_SHAKESPEARE", "/work/shared/data/tinyshakespeare.txt"))
+TARGETS = {
+    "model/ref": 1.0,  # (2)/(1): the Transformer is as fast as a hand-written one
+    "platform/model": 0.97,  # (3)/(2): the platform's steady state vs the same module in a loop
+    "time_to_first_step_s": 8.0,  # at most, with the data cache built
+    "overhead_share": 0.05,  # validation, samples, checkpoints: at most this share of wall time
+}
+
+PRESETS: dict[str, list[str]] = {
+    "shakespeare_char": ["+experiment=shakespeare_char"]
+    + ([f"data.path={SHAKESPEARE}"] if SHAKESPEARE.is_file() else []),
+    "pystdlib_small": [],  # the default experiment
+    "llama": ["+experiment=llama_tiny_pystdlib"],  # RoPE, RMSNorm, SwiGLU, GQA
+    "encoder": ["+experiment=bert_mlm_small"],  # MLM
+    "encdec": ["+experiment=reverse_seq2seq"],
+}
+GPU_COMMON = ["trainer=gpu", "trainer.precision=bf16-mixed", "train.compile=true",
+              "optim.fused=true", "train.block_size=1024", "train.global_batch_size=16",
+              "tokenizer=gpt2", "data=pystdlib"]
+GPU_PRESETS: dict[str, list[str]] = {
+    "gpt2_124m": ["model=gpt2", *GPU_COMMON],
+    "llama_124m": ["model=llama_tiny", "model.d_model=768", "model.n_layers=12", "model.n_heads=12",
+                   "model.n_kv_heads=4", "model.max_seq_len=1024", *GPU_COMMON],
+}
+MODES = {  # presets, rounds, plain-loop steps per round, platform steps per run
+    "quick": (["shakespeare_char", "pystdlib_small"], 2, 25, 120),
+    "full": (list(PRESETS), 3, 60, 300),
+    "gpu": (list(GPU_PRESETS), 2, 30, 200),
+}
+
+
+# --- config and data, as scalelab-train builds them ------------------------------------------
+def compose(overrides: list[str]) -> Any:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from scalelab.cli.train import normalize_overrides
+    from scalelab.tracking import conf_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return hydra_compose("train", overrides=normalize_overrides(overrides))
+
+
+def prepare_preset(overrides: list[str], n_batches: int = 16) -> dict[str, Any]:
+    """Model config, optimizer config, objective and a fixed list of train batches."""
+    from scalelab.cli.spec import build_spec
+    from scalelab.cli.train import _build_data
+
+    cfg = compose(overrides)
+    cfg.paths.data_dir = str(data_dir())
+    spec = build_spec(cfg)
+    data = _build_data(cfg, spec, rank0=False)
+    it = iter(data["datamodule"].train_dataloader())
+    batches = [next(it) for _ in range(n_batches)]
+    return {"cfg": cfg, "spec": spec, "model_cfg": spec.with_vocab(data["vocab_size"]),
+            "batches": batches}
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("SCALELAB_BENCH_DATA", ROOT / "data_cache"))
+
+
+# --- the plain loop (sides 1 and 2) -----------------------------------------------------------
+def loss_fn(side: str, objective: str) -> Any:
+    def loss(model: torch.nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        if objective == "seq2seq":
+            logits = model(b["tgt_in"], attention_mask=b.get("tgt_mask"), src_ids=b["src_ids"],
+                           src_mask=b.get("src_mask"))
+        elif objective == "mlm" and side == "model":
+            logits = model(b["input_ids"], attention_mask=b.get("attention_mask"))
+        else:
+            logits = model(b["input_ids"])
+        return F.cross_entropy(logits.flatten(0, 1).float(), b["labels"].flatten(), ignore_index=-100)
+
+    return loss
+
+
+class PlainLoop:
+    """model + AdamW (decay on matrices, the run's lr/betas/eps, fused where torch has it) +
+    clipping, stepping over fixed batches; the loop a hand-written script would have."""
+
+    def __init__(self, model: torch.nn.Module, prep: dict[str, Any], side: str, device: str = "cpu",
+                 amp: torch.dtype | None = None, compile: bool = False) -> None:
+        from scalelab.training.optim import fused_available
+
+        o = prep["spec"].optim
+        self.model = model.to(device)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        fused = fused_available(params) if o.fused is None else bool(o.fused)
+        self.opt = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                     **({"fused": True} if fused else {}))
+        self.clip = float(o.grad_clip or 0.0)
+        self.batches = [{k: v.to(device) for k, v in b.items()} for b in prep["batches"]]
+        key = "tgt_in" if prep["spec"].objective == "seq2seq" else "input_ids"
+        self.tokens = self.batches[0][key].numel()
+        self.loss = loss_fn(side, prep["spec"].objective)
+        self.net = torch.compile(self.model) if compile else self.model
+        self.device, self.amp, self.i = device, amp, 0
+
+    def step(self) -> float:
+        b = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        with torch.autocast(self.device, dtype=self.amp or torch.float32, enabled=self.amp is not None):
+            loss = self.loss(self.net, b)
+        loss.backward()
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss
+
+    def timed_step(self) -> float:
+        sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        self.step()
+        sync()
+        return time.perf_counter() - t0
+
+
+def run_interleaved(loops: dict[str, PlainLoop], steps: int, skip: int = 3) -> dict[str, list[float]]:
+    """Seconds per step of each loop, alternating one step each (A B A B ...), so a change in
+    the machine's load hits both sides alike; the first ``skip`` steps are warm-up."""
+    times: dict[str, list[float]] = {k: [] for k in loops}
+    for k in range(steps + skip):
+        for side, loop in loops.items():
+            dt = loop.timed_step()
+            if k >= skip:
+                times[side].append(dt)
+    return times
+
+
+# --- the platform (side 3) --------------------------------------------------------------------
+def run_platform(overrides: list[str], steps: int, workdir: Path, threads: int,
+                 gpu: bool = False) -> dict[str, Any]:
+    out = workdir / f"run_{time.time_ns()}"
+    args = [sys.executable, "-m", "scalelab.cli.train", *overrides,
+            f"train.max_steps={steps}", f"paths.output_dir={out}", f"paths.data_dir={data_dir()}",
+            f"logger.tracking_uri=sqlite:///{workdir}/mlruns.db",
+            f"logger.artifact_root={workdir}/mlartifacts"]
+    if not gpu:
+        args.append(f"train.num_threads={threads}")
+    env = dict(os.environ)
+    t0 = time.time()
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, cwd=ROOT)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"scalelab-train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    s = json.loads((out / "summary.json").read_text())
+    m = s["metrics"]
+    tok_s = float(m["final/tokens_per_s"])
+    ttfs = m.get("final/time_to_first_step")
+    tokens = float(m["final/tokens_seen"])
+    train_s = tokens / tok_s  # steady-state time the steps alone would take
+    return {"tokens_per_s": tok_s, "wall_s": wall, "time_to_first_step_s": ttfs,
+            "overhead_share": max(0.0, (wall - (ttfs or 0.0) - train_s) / wall),
+            "mfu": m.get("final/mfu"), "val_loss": s.get("final_val_loss")}
+
+
+# --- one preset, three sides interleaved -------------------------------------------------------
+def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
+                 platform_steps: int, workdir: Path, threads: int, gpu: bool = False,
+                 log: Any = print) -> dict[str, Any]:
+    from benchmarks.reference_gpt import ReferenceLM
+    from scalelab.model import Transformer
+
+    prep = prepare_preset(overrides)
+    mcfg = prep["model_cfg"]
+    device = "cuda" if gpu else "cpu"
+    amp = torch.bfloat16 if gpu else None
+    loops: dict[str, PlainLoop] = {}
+    torch.manual_seed(0)
+    if mcfg.arch != "encoder_decoder":  # an encoder-decoder has no hand-written counterpart
+        loops["ref"] = PlainLoop(ReferenceLM(mcfg), prep, "ref", device, amp, compile=gpu)
+    loops["model"] = PlainLoop(Transformer(mcfg), prep, "model", device, amp, compile=gpu)
+    step_times: dict[str, list[float]] = {k: [] for k in loops}
+    plat: list[dict[str, Any]] = []
+    for r in range(rounds):
+        for side, times in run_interleaved(loops, loop_steps).items():
+            step_times[side].append(statistics.median(times))
+        plat.append(run_platform(overrides, platform_steps, workdir, threads, gpu))
+        log(f"  {name} round {r + 1}/{rounds}: " + ", ".join(
+            f"{s} {loop.tokens / step_times[s][-1]:,.0f} tok/s" for s, loop in loops.items())
+            + f", platform {plat[-1]['tokens_per_s']:,.0f} tok/s")
+    res: dict[str, Any] = {"preset": name, "tokens_per_step": loops["model"].tokens,
+                           "params": mcfg.n_params()}
+    for side, loop in loops.items():
+        res[f"{side}_tokens_per_s"] = loop.tokens / statistics.median(step_times[side])
+    for key in ("tokens_per_s", "wall_s", "time_to_first_step_s", "overhead_share", "mfu"):
+        vals = [p[key] for p in plat if p.get(key) is not None]
+        res[f"platform_{key}"] = statistics.median(vals) if vals else None
+    res["platform_steps"] = platform_steps
+    if "ref" in loops:
+        res["ref_wall_s"] = platform_steps * statistics.median(step_times["ref"])  # no start-up
+        res["model/ref"] = res["model_tokens_per_s"] / res["ref_tokens_per_s"]
+        res["platform_wall/ref_wall"] = res["platform_wall_s"] / res["ref_wall_s"]
+    res["platform/model"] = res["platform_tokens_per_s"] / res["model_tokens_per_s"]
+    return res
+
+
+# --- threads: the automatic rule vs hand-picked settings --------------------------------------
+CHILD = "--_loop-child"
+
+
+def loop_child(steps: int) -> None:
+    """Subprocess body: shakespeare_char-shaped Transformer, random tokens; prints ms/step."""
+    from scalelab.model import ModelConfig, Transformer
+
+    if "SCALELAB_BENCH_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["SCALELAB_BENCH_THREADS"]))
+    else:
+        torch.set_num_threads(thread_plan().threads)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=65, max_seq_len=64, d_model=128, n_layers=4, n_heads=4)
+    m = Transformer(cfg)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    x, y = torch.randint(0, 65, (12, 64)), torch.randint(0, 65, (12, 64))
+    times = []
+    for k in range(steps + 5):
+        t0 = time.perf_counter()
+        F.cross_entropy(m(x).flatten(0, 1), y.flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if k >= 5:
+            times.append(time.perf_counter() - t0)
+    print(json.dumps({"ms": 1000 * statistics.median(times), "threads": torch.get_num_threads()}))
+
+
+def thread_settings() -> dict[str, dict[str, str]]:
+    cores = thread_plan().cores
+    out: dict[str, dict[str, str]] = {"auto": {}, "1t": {"SCALELAB_BENCH_THREADS": "1"}}
+    for n in sorted({max(2, cores // 2), cores} - {1}):  # one thread never waits on another
+        for policy in ("ACTIVE", "PASSIVE", ""):
+            out[f"{n}t/{policy or 'default'}"] = {"SCALELAB_BENCH_THREADS": str(n),
+                                                  "OMP_WAIT_POLICY": policy}
+    return out
+
+
+def bench_threads(rounds: int, steps: int, log: Any = print) -> dict[str, Any]:
+    """Each setting in its own process (the wait policy is read when libgomp loads), interleaved;
+    idle as found, then with one busy-looping process competing for a core."""
+    res: dict[str, Any] = {}
+    for case in ("idle", "loaded"):
+        hog = None
+        if case == "loaded":
+            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            ms: dict[str, list[float]] = {}
+            for _ in range(rounds):
+                for label, extra in thread_settings().items():
+                    env = {k: v for k, v in os.environ.items()
+                           if k not in ("OMP_WAIT_POLICY", "SCALELAB_OMP_AUTO")}
+                    env.update({k: v for k, v in extra.items() if v})
+                    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_train", CHILD,
+                                          str(steps)], env=env, capture_output=True, text=True,
+                                         cwd=ROOT, check=True)
+                    ms.setdefault(label, []).append(json.loads(out.stdout.strip().splitlines()[-1])["ms"])
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+        med = {k: statistics.median(v) for k, v in ms.items()}
+        best = min(v for k, v in med.items() if k != "auto")
+        res[case] = {"ms_per_step": med, "auto/best": best / med["auto"], "load": os.getloadavg()[0]}
+        log(f"  threads {case}: auto {med['auto']:.1f} ms, best hand-picked {best:.1f} ms "
+            f"({min((k for k in med if k != 'auto'), key=med.get)}), auto/best {best / med['auto']:.2f}")
+    return res
+
+
+# --- memory: activation checkpointing -----------------------------------------------------------
+def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Bytes autograd keeps for backward during one forward (what checkpointing trades away)."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        if not isinstance(t, torch.nn.Parameter):
+            total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
+    return total, loss
+
+
+def bench_memory(overrides: list[str] | None = None) -> dict[str, Any]:
+    """Default experiment shape: activation bytes and loss/grad with and without checkpointing."""
+    from scalelab.model import ModelConfig, Transformer
+
+    cfg = ModelConfig(vocab_size=256, max_seq_len=256, d_model=256, n_layers=6, n_heads=8)
+    torch.manual_seed(0)
+    m = Transformer(cfg)
+    x = torch.randint(0, 256, (8, 256))
+    out: dict[str, Any] = {"shape": "d=256 L=6 T=256 B=8"}
+    grads = {}
+    for ac in (False, True):
+        m.set_activation_checkpointing(ac)
+        m.zero_grad(set_to_none=True)
+        nbytes, loss = saved_activation_bytes(m, x)
+        loss.backward()
+        grads[ac] = (loss.item(), torch.cat([p.grad.flatten() for p in m.parameters()]))
+        out["saved_bytes_" + ("checkpointed" if ac else "plain")] = nbytes
+    out["activation_memory_ratio"] = out["saved_bytes_checkpointed"] / out["saved_bytes_plain"]
+    out["max_grad_diff"] = float((grads[True][1] - grads[False][1]).abs().max())
+    out["loss_diff"] = abs(grads[True][0] - grads[False][0])
+    return out
+
+
+# --- output -----------------------------------------------------------------------------------
+def fmt(v: Any, spec: str = ",.0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = (f"{'preset':<17}{'ref tok/s':>11}{'model tok/s':>12}{'platform':>10}{'(2)/(1)':>9}"
+            f"{'(3)/(2)':>9}{'1st step':>9}{'overhead':>9}{'wall 3/1':>9}")
+    rows = [head, "-" * len(head)]
+    for r in results:
+        rows.append(
+            f"{r['preset']:<17}{fmt(r.get('ref_tokens_per_s')):>11}{fmt(r['model_tokens_per_s']):>12}"
+            f"{fmt(r['platform_tokens_per_s']):>10}{fmt(r.get('model/ref'), '.2f'):>9}"
+            f"{fmt(r['platform/model'], '.2f'):>9}{fmt(r['platform_time_to_first_step_s'], '.1f'):>8}s"
+            f"{fmt(100 * r['platform_overhead_share'] if r['platform_overhead_share'] is not None else None, '.0f'):>8}%"
+            f"{fmt(r.get('platform_wall/ref_wall'), '.2f'):>9}")
+    return "\n".join(rows)
+
+
+def misses(results: list[dict[str, Any]], threads: dict[str, Any] | None) -> list[str]:
+    out = []
+    for r in results:
+        for key in ("model/ref", "platform/model"):
+            if r.get(key) is not None and r[key] < TARGETS[key]:
+                out.append(f"{r['preset']}: {key} {r[key]:.2f} < {TARGETS[key]}")
+        t = r.get("platform_time_to_first_step_s")
+        if t is not None and t > TARGETS["time_to_first_step_s"]:
+            out.append(f"{r['preset']}: time to first step {t:.1f} s > {TARGETS['time_to_first_step_s']} s")
+        o = r.get("platform_overhead_share")
+        if o is not None and o > TARGETS["overhead_share"]:
+            out.append(f"{r['preset']}: overhead {o:.0%} of wall > {TARGETS['overhead_share']:.0%}")
+    if threads:
+        if threads["idle"]["auto/best"] < 0.95:
+            out.append(f"threads idle: auto/best {threads['idle']['auto/best']:.2f} < 0.95")
+        if threads["loaded"]["auto/best"] < 0.5:
+            out.append(f"threads loaded: auto/best {threads['loaded']['auto/best']:.2f} < 0.5 (collapse)")
+    return out
+
+
+COMPARED = ("ref_tokens_per_s", "model_tokens_per_s", "platform_tokens_per_s", "model/ref",
+            "platform/model")
+
+
+def compare(old_path: str, new_path: str, tolerance: float) -> int:
+    """new/old for every throughput figure both files have; 1 when one fell below 1 - tolerance."""
+    old, new = (json.loads(Path(p).read_text()) for p in (old_path, new_path))
+    old_by = {r["preset"]: r for r in old.get("presets", [])}
+    worst, lines = [], [f"{'preset':<17}{'metric':<24}{'old':>12}{'new':>12}{'new/old':>9}"]
+    for r in new.get("presets", []):
+        o = old_by.get(r["preset"])
+        if o is None:
+            continue
+        for key in COMPARED:
+            if r.get(key) is None or o.get(key) is None or not o[key]:
+                continue
+            ratio = r[key] / o[key]
+            flag = "  REGRESSED" if ratio < 1 - tolerance else ""
+            lines.append(f"{r['preset']:<17}{key:<24}{o[key]:>12,.2f}{r[key]:>12,.2f}{ratio:>9.2f}{flag}")
+            if flag:
+                worst.append(f"{r['preset']} {key}")
+    print("\n".join(lines))
+    if worst:
+        print(f"regressed by more than {tolerance:.0%}: {', '.join(worst)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="every preset, 3 rounds, thread bench")
+    ap.add_argument("--gpu", action="store_true", help="GPU presets (bf16, compile, fused AdamW)")
+    ap.add_argument("--presets", help="comma-separated subset of presets")
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--platform-steps", type=int)
+    ap.add_argument("--loop-steps", type=int)
+    ap.add_argument("--threads", action="store_true", help="run the thread bench (on in --full)")
+    ap.add_argument("--no-train", action="store_true", help="skip the three-sided training bench")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
+    ap.add_argument("--tolerance", type=float, default=0.05, help="--compare: allowed drop")
+    args = ap.parse_args(argv if argv is not None else [])
+    if args.compare:
+        return compare(*args.compare, args.tolerance)
+    mode = "gpu" if args.gpu else "full" if args.full else "quick"
+    if args.gpu and not torch.cuda.is_available():
+        print("bench_train --gpu: no CUDA device here", file=sys.stderr)
+        return 2
+    presets, rounds, loop_steps, platform_steps = MODES[mode]
+    presets = args.presets.split(",") if args.presets else presets
+    rounds = args.rounds or rounds
+    loop_steps, platform_steps = args.loop_steps or loop_steps, args.platform_steps or platform_steps
+    plan = thread_plan()
+    torch.set_num_threads(plan.threads)
+    load = os.getloadavg()[0]
+    print(f"bench_train ({mode}): {plan.describe()}; torch {torch.__version__}; "
+          f"load average {load:.2f}", flush=True)
+    table_of = GPU_PRESETS if args.gpu else PRESETS
+    results, t0 = [], time.time()
+    with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
+        if not args.no_train:
+            for name in presets:
+                results.append(bench_preset(name, table_of[name], rounds, loop_steps,
+                                            platform_steps, Path(tmp), plan.threads, args.gpu,
+                                            log=lambda s: print(s, flush=True)))
+    threads = bench_threads(rounds, 20) if (args.threads or args.full) and not args.gpu else None
+    memory = bench_memory()
+    if results:
+        print(table(results))
+    for r in results:
+        if r.get("platform_mfu") is not None and args.gpu:
+            print(f"  {r['preset']}: MFU {100 * r['platform_mfu']:.1f}% (target >= 45% on H100/H200)")
+    print(f"  activation checkpointing ({memory['shape']}): saved activations "
+          f"{memory['saved_bytes_plain'] / 2**20:.1f} -> {memory['saved_bytes_checkpointed'] / 2**20:.1f} MiB "
+          f"({memory['activation_memory_ratio']:.2f}x), max |grad diff| {memory['max_grad_diff']:.1e}")
+    out = {"mode": mode, "threads": plan.threads, "load_start": load, "load_end": os.getloadavg()[0],
+           "seconds": time.time() - t0, "torch": torch.__version__, "presets": results,
+           "thread_bench": threads, "memory": memory, "targets": TARGETS}
+    missed = misses(results, threads)
+    out["missed"] = missed
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    for m in missed:
+        print(f"  BELOW TARGET {m}")
+    print(f"bench_train: {time.time() - t0:.0f} s, load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
+        loop_child(int(sys.argv[2]))
+    else:
+        sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,118 @@
+"""A minimal transformer written the way a hand-written training script would write it.
+
+The yardstick of ``bench_train``: one fused QKV projection, SDPA, nothing configurable beyond
+what the bench presets need (GPT-2 and Llama decoders, a BERT-style encoder). It reads the
+shape from a scalelab ``ModelConfig`` so both sides train exactly the same architecture.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scalelab.model import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def _norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d, hd = cfg.d_model, cfg.head_dim
+        self.nh, self.nkv, self.hd = cfg.n_heads, cfg.kv_heads, hd
+        self.causal, self.pre = cfg.arch == "decoder", cfg.norm_position == "pre"
+        self.ln1, self.ln2 = _norm(cfg), _norm(cfg)
+        self.qkv = nn.Linear(d, (self.nh + 2 * self.nkv) * hd, bias=cfg.bias)
+        self.proj = nn.Linear(d, d, bias=cfg.bias)
+        d_ff = cfg.d_ff or 4 * d
+        self.swiglu = cfg.mlp == "swiglu"
+        self.fc = nn.Linear(d, (2 if self.swiglu else 1) * d_ff, bias=cfg.bias)
+        self.out = nn.Linear(d_ff, d, bias=cfg.bias)
+        self.act = cfg.mlp
+
+    def attn(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], -1)
+        q = q.view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = k.view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = v.view(b, t, self.nkv, self.hd).transpose(1, 2)
+        if rope is not None:
+            q, k = _rope(q, *rope), _rope(k, *rope)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                           enable_gqa=self.nkv != self.nh)
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.swiglu:
+            g, u = h.chunk(2, dim=-1)
+            return self.out(F.silu(g) * u)
+        return self.out(F.relu(h) if self.act == "relu" else F.gelu(h, approximate="tanh"))
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        if self.pre:
+            x = x + self.attn(self.ln1(x), rope)
+            return x + self.mlp(self.ln2(x))
+        x = self.ln1(x + self.attn(x, rope))
+        return self.ln2(x + self.mlp(x))
+
+
+class ReferenceLM(nn.Module):
+    """GPT / Llama decoder or BERT-style encoder (no padding mask) from a ModelConfig."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.arch not in ("decoder", "encoder") or cfg.position not in ("learned", "rope"):
+            raise ValueError(f"reference model: no {cfg.arch} with {cfg.position} positions")
+        assert cfg.vocab_size is not None
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = _norm(cfg) if cfg.norm_position == "pre" else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.wte.weight
+        for name, p in self.named_parameters():  # GPT-2 init, as nanoGPT
+            if p.dim() >= 2:
+                std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if name.endswith(("proj.weight", "out.weight")) else cfg.init_std
+                nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.wte(idx)
+        rope = None
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(t, device=idx.device))
+        else:
+            hd = self.cfg.head_dim
+            inv = self.cfg.rope_base ** (-torch.arange(0, hd, 2, device=idx.device).float() / hd)
+            ang = torch.arange(t, device=idx.device).float()[:, None] * inv[None]
+            ang = torch.cat([ang, ang], -1)
+            rope = (ang.cos(), ang.sin())
+        for block in self.blocks:
+            x = block(x, rope)
+        return self.head(self.ln_f(x))

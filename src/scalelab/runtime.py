@@ -1,0 +1,153 @@
+"""CPU run-time settings chosen from the machine: torch threads, OpenMP wait policy, bf16 support.
+
+Imports nothing heavy (no torch): ``scalelab.cli`` applies :func:`apply_omp_env` before torch
+loads libgomp, which reads ``OMP_WAIT_POLICY`` once, at load time.
+
+The rule (measured on a 2-core EPYC, shakespeare_char shape, plain loop; docs/performance.md):
+
+- threads = cores this process may use (``os.sched_getaffinity``) // processes sharing them
+  (``SCALELAB_CONCURRENT_PROCS``, which the sweep sets to its joblib ``n_jobs``), at least 1;
+- the wait policy is left to libgomp (it spins briefly, then sleeps), which was as fast as
+  ``ACTIVE`` on an idle machine (38.9 vs 38.8 ms/step with 2 threads) while ``PASSIVE`` made
+  2 threads as slow as 1 (64.4 ms/step);
+- when the machine is already busy (1-minute load average of other work leaves fewer free
+  cores than we would use) threads drop to the free cores (>= 1) and the policy becomes
+  ``PASSIVE``: threads that spin while their partner is descheduled made a step 2.8x slower
+  (195 vs 68-73 ms) with one competing busy process.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CONCURRENT_ENV = "SCALELAB_CONCURRENT_PROCS"  # processes sharing this machine's cores (sweeps)
+_AUTO_MARK = "SCALELAB_OMP_AUTO"  # set when OMP_WAIT_POLICY came from us, not from the user
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity; cgroup-pinned containers count right)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS/Windows have no sched_getaffinity
+        return max(1, os.cpu_count() or 1)
+
+
+def concurrent_processes() -> int:
+    """How many scalelab processes share the cores (``SCALELAB_CONCURRENT_PROCS``, default 1)."""
+    raw = os.environ.get(CONCURRENT_ENV, "").strip()
+    try:
+        return max(1, int(raw)) if raw else 1
+    except ValueError:
+        return 1
+
+
+def other_load(cores: int) -> float:
+    """Runnable work of other processes (1-minute load average), capped at ``cores``."""
+    try:
+        return min(float(cores), max(0.0, os.getloadavg()[0]))
+    except (AttributeError, OSError):
+        return 0.0
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    threads: int  # torch intra-op threads per process
+    wait_policy: str | None  # OMP_WAIT_POLICY to set; None = libgomp's default (brief spin)
+    cores: int
+    concurrent: int
+    load: float
+
+    def describe(self) -> str:
+        policy = self.wait_policy or "default"
+        return (f"{self.threads} threads/process x {self.concurrent} process(es) on "
+                f"{self.cores} cores (load {self.load:.1f}), OMP_WAIT_POLICY={policy}")
+
+
+def thread_plan(concurrent: int | None = None, cores: int | None = None,
+                load: float | None = None) -> ThreadPlan:
+    """Threads per process and OpenMP wait policy for ``concurrent`` processes on ``cores``.
+
+    ``load`` is the other work already running (default: the 1-minute load average); pass 0
+    to plan for an idle machine (the sweep planner does, for its own k jobs).
+    """
+    k = concurrent_processes() if concurrent is None else max(1, int(concurrent))
+    n = available_cores() if cores is None else max(1, int(cores))
+    busy = other_load(n) if load is None else max(0.0, float(load))
+    threads = max(1, n // k)
+    free = n - busy
+    if threads * k > free + 0.5:  # oversubscribed: never spin, use only what is free
+        threads = max(1, min(threads, math.floor(max(free, 0.0) / k)))
+        return ThreadPlan(threads, "PASSIVE", n, k, busy)
+    return ThreadPlan(threads, None, n, k, busy)
+
+
+def jobs_and_threads(n_jobs: int, cores: int | None = None) -> tuple[int, int]:
+    """A sweep's (parallel jobs, threads per job): jobs capped at the cores, cores // jobs each."""
+    n = available_cores() if cores is None else max(1, int(cores))
+    jobs = max(1, min(int(n_jobs) if n_jobs >= 1 else n, n))
+    return jobs, thread_plan(concurrent=jobs, cores=n, load=0.0).threads
+
+
+def apply_omp_env() -> ThreadPlan:
+    """Set OMP_WAIT_POLICY for this process (before torch loads), unless the user set it.
+
+    A value we set ourselves (marked) is recomputed, so a sweep's children, which inherit
+    the parent's environment and a different ``SCALELAB_CONCURRENT_PROCS``, get their own.
+    """
+    plan = thread_plan()
+    user_set = "OMP_WAIT_POLICY" in os.environ and _AUTO_MARK not in os.environ
+    if not user_set:
+        if plan.wait_policy:
+            os.environ["OMP_WAIT_POLICY"] = plan.wait_policy
+        else:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+        os.environ[_AUTO_MARK] = "1"
+    return plan
+
+
+# --- bf16 on CPU ----------------------------------------------------------------------------
+_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The ``flags`` of /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags") and ":" in line:
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 in its flags)."""
+    flags = cpu_flags(cpuinfo)
+    if flags:
+        return any(f in flags for f in _BF16_FLAGS)
+    try:  # no /proc/cpuinfo: ask torch (AMX shows up in its capability string)
+        import torch
+
+        return "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper()
+    except Exception:
+        return False
+
+
+def check_cpu_precision(precision: str, accelerator: str, has_cuda: bool,
+                        native_bf16: bool | None = None) -> None:
+    """Refuse bf16 on a CPU without bf16 units: it would run ~16x slower than fp32, silently."""
+    p = str(precision).lower()
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not has_cuda)
+    if not (on_cpu and p.startswith("bf16")):
+        return
+    if native_bf16 is None:
+        native_bf16 = cpu_has_native_bf16()
+    if not native_bf16:
+        raise ValueError(
+            f"trainer.precision={precision}: this CPU has no native bf16 (no avx512_bf16/amx_bf16 "
+            "flag), where bf16 runs ~16x slower than fp32; use trainer.precision=32-true")

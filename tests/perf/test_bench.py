@@ -1,0 +1,75 @@
+"""benchmarks/bench_train: --compare, the target check, and one tiny real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from benchmarks.bench_train import compare, misses, table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _row(preset: str, ref: float | None, model: float, platform: float, **extra: float) -> dict:
+    r = {"preset": preset, "ref_tokens_per_s": ref, "model_tokens_per_s": model,
+         "platform_tokens_per_s": platform, "platform/model": platform / model,
+         "platform_time_to_first_step_s": 3.0, "platform_overhead_share": 0.02,
+         "platform_wall/ref_wall": 0.9}
+    if ref:
+        r["model/ref"] = model / ref
+    return {**r, **extra}
+
+
+def _write(path: Path, rows: list[dict]) -> str:
+    path.write_text(json.dumps({"presets": rows}))
+    return str(path)
+
+
+def test_compare_prints_ratios_and_passes_within_tolerance(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    old = _write(tmp_path / "old.json", [_row("shakespeare_char", 1000, 1000, 1000)])
+    new = _write(tmp_path / "new.json", [_row("shakespeare_char", 1000, 1000, 1400),
+                                         _row("encdec", None, 10, 10)])  # not in old: skipped
+    assert compare(old, new, tolerance=0.05) == 0
+    out = capsys.readouterr().out
+    assert "platform_tokens_per_s" in out and "1.40" in out and "encdec" not in out
+
+
+def test_compare_fails_on_a_regression(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    old = _write(tmp_path / "old.json", [_row("pystdlib_small", 1000, 1000, 1000)])
+    new = _write(tmp_path / "new.json", [_row("pystdlib_small", 1000, 1000, 900)])
+    assert compare(old, new, tolerance=0.05) == 1
+    captured = capsys.readouterr()
+    assert "REGRESSED" in captured.out and "pystdlib_small platform_tokens_per_s" in captured.err
+    assert compare(old, new, tolerance=0.15) == 0  # a 10 % drop is inside 15 %
+
+
+def test_misses_names_every_ratio_below_target() -> None:
+    good = _row("a", 1000, 1010, 1000)
+    assert misses([good], None) == []
+    bad = _row("b", 1000, 900, 800, platform_time_to_first_step_s=9.5, platform_overhead_share=0.2)
+    found = " | ".join(misses([bad], {"idle": {"auto/best": 0.9}, "loaded": {"auto/best": 0.3}}))
+    for what in ("model/ref 0.90", "platform/model 0.89", "first step 9.5", "overhead 20%",
+                 "threads idle", "threads loaded"):
+        assert what in found
+    assert "b " in table([bad]).splitlines()[2][:3]
+
+
+@pytest.mark.slow
+def test_quick_bench_runs_end_to_end(tmp_path: Path) -> None:
+    """The smallest real run: encoder-decoder preset (synthetic data, no cache), one round."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "train", "--presets", "encdec", "--rounds", "1",
+         "--loop-steps", "3", "--platform-steps", "60", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: a target missed on a busy machine
+    res = json.loads(out.read_text())
+    (row,) = res["presets"]
+    assert row["preset"] == "encdec" and row["model_tokens_per_s"] > 0
+    assert row["platform_tokens_per_s"] > 0 and row["platform_time_to_first_step_s"] > 0
+    assert "ref_tokens_per_s" not in row  # no hand-written encoder-decoder
+    assert res["memory"]["activation_memory_ratio"] < 0.5
+    assert "(3)/(2)" in proc.stdout
