@@ -8,6 +8,7 @@ export leaves nothing behind.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -88,6 +89,9 @@ def export_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor], out: str | Path,
     family, hf_model = build_hf_model(cfg, ours.state_dict(), special)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the renamed folder gets normal permissions
     try:
         hf_model.save_pretrained(str(tmp), safe_serialization=True)
         tok_note = "none (no tokenizer recorded)"
