@@ -27,7 +27,8 @@ def _hf_models() -> dict[str, object]:
     small = dict(vocab_size=V)
     return {
         "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(**small, n_embd=32, n_layer=2, n_head=4,
-                                                       n_positions=64, activation_function="gelu_new")),
+                                                       n_positions=64, activation_function="gelu_new",
+                                                       bos_token_id=0, eos_token_id=0)),
         "llama_gqa_untied": lambda: t.LlamaForCausalLM(t.LlamaConfig(
             **small, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=96, max_position_embeddings=64, rope_theta=500.0)),

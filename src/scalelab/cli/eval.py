@@ -115,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dataset = args.data or meta.get("data") or prepared.dir.name
     metrics = {f"eval/{dataset}/{args.split}/{k}": v for k, v in res.metrics().items()}
-    print(f"{dataset} {args.split}: {res.n_tokens:,} tokens in {res.n_windows} windows of {block}")
+    scored = f" ({res.n_tokens:,} masked and scored)" if res.objective == "mlm" else ""
+    n_in = res.n_tokens if res.objective == "causal" else res.n_windows * block
+    print(f"{dataset} {args.split}: {n_in:,} tokens in {res.n_windows} windows of {block}{scored}")
     print(f"  loss {res.loss:.4f} ± {res.loss_se:.4f}   perplexity {res.perplexity:.3f} ± "
           f"{res.perplexity_se:.3f}", end="")
     if res.bits_per_byte is not None:

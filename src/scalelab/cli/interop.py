@@ -55,8 +55,9 @@ def import_to_checkpoint(source: str | Path, out: str | Path,
     cfg = model.cfg
     objective = {"decoder": "causal", "encoder": "mlm"}[cfg.arch]
     diff = _parity_with_transformers(source, model)
-    meta = {"model_config": cfg.to_dict(), "objective": objective,
-            "tokenizer": {"name": tokenizer} if tokenizer else None,
+    exported = _exported_meta(source)
+    meta = {"model_config": cfg.to_dict(), "objective": objective, "data": exported.get("data"),
+            "tokenizer": {"name": tokenizer} if tokenizer else exported.get("tokenizer"),
             "source": f"hf:{Path(str(source).removeprefix('hf:')).expanduser().resolve()}"}
     ckpt = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
             "global_step": 0, "scalelab_run": meta}
@@ -73,6 +74,17 @@ def import_to_checkpoint(source: str | Path, out: str | Path,
             "checkpoint": str(out / "model.ckpt"), **meta}
     (out / "config.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def _exported_meta(source: str | Path) -> dict[str, Any]:
+    """A folder we exported names its source checkpoint, whose tokenizer and data we reuse."""
+    from scalelab.interop.hf_import import strip_prefix
+
+    info = strip_prefix(str(source)) / "scalelab.json"
+    src = json.loads(info.read_text()).get("source_checkpoint") if info.is_file() else None
+    if src and Path(src).is_file():
+        return run_meta(load(src))
+    return {}
 
 
 def _parity_with_transformers(source: str | Path, model: Any) -> float | None:

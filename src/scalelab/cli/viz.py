@@ -3,7 +3,7 @@
     scalelab-viz attention outputs/<run> --prompt "def main():" --out attn.png [--run-id ID]
     scalelab-viz positions [outputs/<run>] --out positions.png [--run-id ID]
 The attention grid has one row per layer and one column per head, tokens on both axes.
-With --run-id (or a run folder whose checkpoint names its run) the PNG is logged to MLflow.
+With --run-id, or an MLflow run id as SOURCE, the PNG is logged to that run under viz/.
 """
 
 from __future__ import annotations

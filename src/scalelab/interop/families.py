@@ -61,7 +61,8 @@ def family_of(cfg: ModelConfig) -> str:
     closest = sorted(blockers, key=lambda f: len(blockers[f]))
     lines = "; ".join(f"{HF_CLASS[f]}: {', '.join(blockers[f])}" for f in closest)
     hint = ""
-    if cfg.arch == "encoder" and not blockers["bert"][2:] and not (cfg.embed_norm and cfg.mlm_head):
+    extras = ("model.embed_norm", "model.mlm_head")
+    if cfg.arch == "encoder" and all(b.startswith(extras) for b in blockers["bert"]):
         hint = (" (BertForMaskedLM always has an embedding LayerNorm and an MLM transform; train"
                 " with model.embed_norm=true model.mlm_head=true to export BERT)")
     raise NoEquivalentError(f"no Hugging Face equivalent for this model; {lines}{hint}")

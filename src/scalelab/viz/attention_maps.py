@@ -55,23 +55,23 @@ def plot_attention_grid(weights: torch.Tensor, tokens: list[str], path: Path,
     import matplotlib.pyplot as plt
 
     n_layers, n_heads, t, _ = weights.shape
-    size = max(2.2, 0.22 * t)
+    size = max(2.4, 0.2 * t)
     fig, axes = plt.subplots(n_layers, n_heads, figsize=(size * n_heads, size * n_layers),
                              squeeze=False)
-    labels = [repr(s)[1:-1] for s in tokens]
+    labels = ["·" if s == " " else repr(s)[1:-1] for s in tokens]  # a visible space
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
             ax.imshow(weights[layer, head].cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
             ax.set_title(f"layer {layer} head {head}", fontsize=9)
-            ax.set_xticks(range(t), labels, rotation=90, fontsize=7)
-            ax.set_yticks(range(t), labels, fontsize=7)
+            ax.set_xticks(range(t), labels, rotation=90, fontsize=8)
+            ax.set_yticks(range(t), labels, fontsize=8)
             ax.set_xlabel("key", fontsize=8)
             if head == 0:
                 ax.set_ylabel("query", fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
