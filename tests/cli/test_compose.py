@@ -173,4 +173,6 @@ def test_schema_is_registered() -> None:
     from hydra.core.config_store import ConfigStore
 
     assert "train_schema.yaml" in ConfigStore.instance().list("/")
-    assert schema.TrainSchema.__dataclass_fields__["model"].type in ("ModelConfig",)
+    # model.* is ModelConfig plus init_from (hf:PATH), so every ModelConfig key is typed
+    assert schema.TrainSchema.__dataclass_fields__["model"].type in ("ModelSection",)
+    assert issubclass(schema.ModelSection, schema.ModelConfig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -101,3 +102,27 @@ class StepCheckpoints(pl.Callback):
         if step in self.steps and step not in self._saved:
             self._saved.add(step)
             trainer.save_checkpoint(self.path(step))
+
+
+class SampleArtifacts(pl.Callback):
+    """Each validation's text sample as ``samples/step_<N>.txt``: in the run folder and, when
+    the logger can (MLflow), as a run artifact, so the UI shows the samples improving."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self._logged: set[int] = set()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        samples = getattr(pl_module, "samples", None)
+        if trainer.sanity_checking or not trainer.is_global_zero or not samples:
+            return
+        step, text = samples[-1]
+        if step in self._logged:
+            return
+        self._logged.add(step)
+        name = f"samples/step_{step:06d}.txt"
+        (self.out_dir / "samples").mkdir(parents=True, exist_ok=True)
+        (self.out_dir / name).write_text(text)
+        log_text = getattr(trainer.logger, "log_text", None)
+        if callable(log_text):
+            log_text(text, name)

@@ -50,7 +50,20 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", help="a .ckpt file or a run folder (uses checkpoints/last.ckpt)")
     ap.add_argument("--out", required=True, help="folder for model.pt + config.json")
+    ap.add_argument("--format", choices=("pt", "hf"), default="pt",
+                    help="pt: model.pt + config.json; hf: a Hugging Face folder (from_pretrained)")
     args = ap.parse_args(argv)
+    if args.format == "hf":
+        from scalelab.cli.interop import export_checkpoint_hf
+
+        try:
+            res = export_checkpoint_hf(args.checkpoint, args.out)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"exported {res['hf_class']} to {res['out']} (max |logit diff| "
+              f"{res['max_abs_logit_diff']:.3g}; tokenizer: {res['tokenizer']})")
+        return 0
     try:
         out = export(args.checkpoint, args.out)
     except (OSError, ValueError) as e:

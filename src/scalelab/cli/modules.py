@@ -18,7 +18,7 @@ def build_module(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str,
     from scalelab.training import module_class
 
     s = cfg.callbacks.sample
-    return module_class(spec.objective)(
+    module = module_class(spec.objective)(
         model_cfg,
         spec.optim,
         total_steps=spec.max_steps,
@@ -33,6 +33,11 @@ def build_module(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str,
         sample_temperature=float(s.temperature),
         sample_top_k=s.top_k,
     )
+    if spec.init_from:  # model.init_from=hf:PATH (shape already taken from its config.json)
+        from scalelab.interop.hf_import import load_into
+
+        load_into(module.model, spec.init_from)
+    return module
 
 
 def training_callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any,

@@ -49,6 +49,14 @@ class TrainSection:
 
 
 @dataclass
+class ModelSection(ModelConfig):
+    """``model.*``: the ModelConfig fields plus where its starting weights come from."""
+
+    # hf:PATH: a local Hugging Face folder (GPT-2, Llama, BERT); its config.json sets the shape
+    init_from: Optional[str] = None  # noqa: UP045
+
+
+@dataclass
 class TrainerSchema:
     """Lightning Trainer arguments (``trainer.*``); strategy presets come from conf/trainer/."""
 
@@ -139,7 +147,7 @@ class PathsSchema:
 class TrainSchema:
     """The whole `scalelab-train` config."""
 
-    model: ModelConfig = MISSING
+    model: ModelSection = MISSING
     data: DataConfig = MISSING
     tokenizer: TokenizerConfig = MISSING
     optim: OptimConfig = MISSING

@@ -40,6 +40,7 @@ class RunSpec:
     batch: BatchPlan
     max_steps: int
     val_every: int
+    init_from: str | None = None  # model.init_from: hf:PATH weights to start from
 
     def with_vocab(self, vocab_size: int) -> ModelConfig:
         """The real ModelConfig once the tokenizer's vocabulary is known."""
@@ -99,6 +100,9 @@ def _reject_unknown_keys(group: str, cls: type, fields: dict[str, Any]) -> dict[
 def build_spec(cfg: DictConfig) -> RunSpec:
     """Validate every component of ``cfg``; raises ValueError naming the key and the fix."""
     model_fields = _container(cfg.model)
+    init_from = model_fields.pop("init_from", None)
+    if init_from:
+        model_fields = _hf_model_fields(str(init_from), model_fields)
     probe_fields = dict(model_fields)
     if probe_fields.get("vocab_size") is None:
         probe_fields["vocab_size"] = VOCAB_PLACEHOLDER
@@ -157,8 +161,24 @@ def build_spec(cfg: DictConfig) -> RunSpec:
     return RunSpec(
         model_fields=model_fields, model=model, data=data, tokenizer=tokenizer, optim=optim,
         objective=objective, block_size=block, world_size=world, batch=batch, max_steps=steps,
-        val_every=min(int(t.val_every), steps),
+        val_every=min(int(t.val_every), steps), init_from=init_from,
     )
+
+
+def _hf_model_fields(init_from: str, configured: dict[str, Any]) -> dict[str, Any]:
+    """model.init_from=hf:PATH: the shape comes from the HF config.json; only the training-time
+    knobs (dropout, init_std) are kept from the configured model."""
+    from scalelab.interop.hf_config import model_config_from_hf
+    from scalelab.interop.hf_import import HF_PREFIX, read_hf_config, strip_prefix
+
+    if not init_from.startswith(HF_PREFIX):
+        raise ValueError(f"model.init_from={init_from}: use hf:PATH (a local Hugging Face folder)")
+    try:
+        _, hf_cfg = model_config_from_hf(read_hf_config(strip_prefix(init_from)))
+    except (FileNotFoundError, ValueError) as e:
+        raise ValueError(f"model.init_from={init_from}: {e}") from e
+    keep = {k: configured[k] for k in ("dropout", "init_std") if k in configured}
+    return {**hf_cfg.to_dict(), **keep}
 
 
 def plain(obj: Any) -> Any:

@@ -420,7 +420,7 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from scalelab.cli.callbacks import ProgressBar, RunState
+    from scalelab.cli.callbacks import ProgressBar, RunState, SampleArtifacts
     from scalelab.cli.modules import training_callbacks
     from scalelab.training.signals import SaveOnStop
 
@@ -429,7 +429,7 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
             if not trainer.sanity_checking:
                 val_steps.append(trainer.global_step)
 
-    cbs: list[Any] = [RunState(meta), _ValSteps()]
+    cbs: list[Any] = [RunState(meta), _ValSteps(), SampleArtifacts(out_dir)]
     ck = cfg.callbacks.checkpoint
     if ck.enabled and not cfg.trainer.fast_dev_run:
         every = int(ck.every_n_steps) if ck.every_n_steps else None

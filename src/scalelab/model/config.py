@@ -60,6 +60,9 @@ class ModelConfig:
     dropout: float = 0.0
     tie_embeddings: bool = True  # output layer shares the token embedding matrix
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (2017 paper)
+    # --- BERT's extra pieces (off by default; Hugging Face's BertForMaskedLM always has them) --
+    embed_norm: bool = False  # a norm on the summed embeddings, before the first block
+    mlm_head: bool = False  # dense + GELU + norm before the output layer, and an output bias
     # --- initialization (GPT-2) ---------------------------------------------------------
     init_std: float = 0.02
     scale_residual_init: bool = True  # residual out-projections get std/sqrt(2*n_layers_total)
@@ -86,7 +89,8 @@ class ModelConfig:
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
                 or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"ModelConfig.dropout={self.dropout!r}: must be in [0, 1)")
-        for name in ("bias", "tie_embeddings", "scale_embeddings", "scale_residual_init"):
+        for name in ("bias", "tie_embeddings", "scale_embeddings", "scale_residual_init",
+                     "embed_norm", "mlm_head"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}: must be true or false")
         if self.final_norm is not None and not isinstance(self.final_norm, bool):
@@ -292,6 +296,9 @@ def _breakdown(cfg: ModelConfig) -> list[Component]:
     rows = [Component("token embedding", "embedding", v * d)]
     if cfg.position == "learned":  # one table, shared by encoder and decoder
         rows.append(Component("position embedding (learned)", "embedding", cfg.max_seq_len * d))
+    if cfg.embed_norm:
+        rows.append(Component(f"embedding norm ({cfg.norm})", "final_norm", _norm_params(cfg), 1,
+                              2 * _norm_params(cfg)))
     attn, mlp, norm = _attn_params(cfg), _mlp_params(cfg), _norm_params(cfg)
     t_attn = 4 * cfg.max_seq_len * d  # QK^T + AV forward FLOPs/token per attention layer
     stacks = [("encoder", cfg.encoder_layers, False), ("decoder", cfg.decoder_layers,
@@ -311,7 +318,10 @@ def _breakdown(cfg: ModelConfig) -> list[Component]:
                               2 * n_norms * norm))
         if cfg.final_norm:
             rows.append(Component(f"{stack} final norm", "final_norm", norm, 1, 2 * norm))
-    head = 0 if cfg.tie_embeddings else v * d
+    if cfg.mlm_head:  # BERT's transform: dense d->d (+ bias), GELU, norm
+        transform = d * d + (d if cfg.bias else 0) + _norm_params(cfg)
+        rows.append(Component("mlm head transform", "block", transform, 1, 2 * transform))
+    head = (0 if cfg.tie_embeddings else v * d) + (v if cfg.mlm_head else 0)  # + output bias
     name = "output layer (tied to token embedding)" if cfg.tie_embeddings else "output layer"
     rows.append(Component(name, "head", head, 1, 2 * v * d))
     return rows

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .norms import build_norm
 
 
 class _TwoLayerMLP(nn.Module):
@@ -54,6 +55,18 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class MLMTransform(nn.Module):
+    """BERT's output transform (cfg.mlm_head): norm(gelu(dense(x))) before the output layer."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.norm = build_norm(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.gelu(self.dense(x), approximate="tanh"))
 
 
 MLPS: dict[str, type[nn.Module]] = {"gelu": GeluMLP, "relu": ReluMLP, "swiglu": SwiGLU}

@@ -16,6 +16,8 @@ from torch import nn
 from .attention import AttnContext
 from .blocks import LayerCache, Stack
 from .config import ModelConfig
+from .mlp import MLMTransform
+from .norms import build_norm
 from .positions import NoPosition, build_position
 
 # Masked scores get this instead of -inf: finite in fp16/bf16 too, so a row whose keys are
@@ -78,7 +80,10 @@ class Transformer(nn.Module):
                         if cfg.decoder_layers else None)
         # The stack that reads input_ids and feeds the output layer.
         self.causal = self.decoder is not None
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # BERT's extras (cfg.embed_norm, cfg.mlm_head); None keeps the state_dict keys unchanged
+        self.embed_norm = build_norm(cfg) if cfg.embed_norm else None
+        self.mlm_transform = MLMTransform(cfg) if cfg.mlm_head else None
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.mlm_head)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.reset_parameters()
@@ -110,7 +115,10 @@ class Transformer(nn.Module):
 
     # --- forward -------------------------------------------------------------------------
     def _embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.pos.embed(self.tok_emb(ids) * self.embed_scale, pos))
+        x = self.pos.embed(self.tok_emb(ids) * self.embed_scale, pos)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        return self.drop(x)
 
     def encode(self, src_ids: torch.Tensor,
                src_mask: Optional[torch.Tensor] = None) -> torch.Tensor:  # noqa: UP045
@@ -175,6 +183,8 @@ class Transformer(nn.Module):
             cross_ctx = build_context(pos, memory.shape[1], causal=False, key_keep=src_keep, bias=None)
         x = stack(self._embed(input_ids, pos), ctx, None if cache is None else cache.layers,
                   memory, cross_ctx)
+        if self.mlm_transform is not None:
+            x = self.mlm_transform(x)
         return self.lm_head(x)
 
     # --- decoding ------------------------------------------------------------------------

@@ -92,6 +92,10 @@ class _RunLogger(MLFlowLogger):
     def finalize(self, status: str = "success") -> None:
         return None
 
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """A text artifact of this run (e.g. samples/step_000100.txt), from a callback."""
+        self.experiment.log_text(self.run_id, text, artifact_file)
+
 
 class _SpoolClient:
     """What MLFlowLogger calls ``experiment``: log_batch goes through the spool, reads go direct."""

