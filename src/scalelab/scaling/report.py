@@ -257,7 +257,23 @@ def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) 
     return out
 
 
-def write_report(results: ScalingResults, out_dir, plan=None) -> list[Path]:
+def _tune_md(tune, out: Path) -> list[str]:
+    """The tune stage: its plot (copied next to the report), the law and the per-size optima."""
+    import shutil
+
+    law = tune.law
+    shutil.copy(tune.plot, out / "tune.png")
+    sizes = law.sizes[["N", "budget", "lr_opt", "loss_opt", "n_lrs", "flagged", "reason"]]
+    return ["## Hyperparameters per size (tune stage)", "",
+            f"An lr grid (factors {sorted(tune.runs['lr_factor'].unique().tolist())} of the rule's "
+            f"lr) at {len(sizes)} sizes; per size a parabola in log lr gives lr*; a power law over "
+            f"the sizes gives **lr\\*(N) = {law.coef:.4g} · N^{law.exponent:.3f}**, which set the lr "
+            "of every point of the study (Porian et al. 2024).", "",
+            "![tune stage](tune.png)", "", _md_table(sizes), ""]
+
+
+def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
+                 runs_detail=None) -> list[Path]:
     """Write PNG plots and ``report.md`` into out_dir; return the written paths.
 
     ``plan``: optional DataFrame (or records) of the sweep plan, shown as the first table.
@@ -273,6 +289,9 @@ def write_report(results: ScalingResults, out_dir, plan=None) -> list[Path]:
     md += [f"- note: {n}" for n in results.notes] + ([""] if results.notes else [])
     if plan is not None:
         md += ["## Plan", "", _md_table(pd.DataFrame(plan)), ""]
+    if tune is not None:
+        md += _tune_md(tune, out)
+        written.append(out / "tune.png")
     for vf in results.variants.values():
         sfx = _suffix(results, vf)
         plots: dict[str, str] = {}
