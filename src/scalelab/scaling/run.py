@@ -551,31 +551,10 @@ def save_plan(plan: Plan, sweep_dir: Path, estimates: Optional[list[float]] = No
 
 def fit_sweep(runs: Any, curves: Any, n_convention: str, flops_convention: str, n_boot: int,
               source: str) -> tuple[Any, list[str]]:
-    """Fit every approach the data allows: (ScalingResults or None, notes on what was left out).
+    """Fit every approach the data allows: (ScalingResults or None, notes on what was left out)."""
+    from scalelab.scaling.fit import fit_available
+    from scalelab.scaling.fit_data import FitOptions
 
-    Each approach is first tried alone without bootstrap; the ones that fit go into one final
-    fit with bootstrap intervals and the extrapolation check.
-    """
-    from scalelab.scaling.fit import fit_scaling_laws
-    from scalelab.scaling.fit_data import FitInputError, FitOptions
-
-    notes, ok = [], []
-    for a in (1, 2, 3):
-        try:
-            fit_scaling_laws(runs, curves, FitOptions(
-                n_convention=n_convention, flops_convention=flops_convention, approaches=(a,),
-                n_boot=0, extrapolate=False), source=source)
-            ok.append(a)
-        except (FitInputError, ValueError, np_linalg_error()) as e:
-            notes.append(f"Approach {a} left out: {e}")
-    if not ok:
-        return None, notes
-    opts = FitOptions(n_convention=n_convention, flops_convention=flops_convention,
-                      approaches=tuple(ok), n_boot=n_boot)
-    return fit_scaling_laws(runs, curves, opts, source=source), notes
-
-
-def np_linalg_error() -> type[Exception]:
-    import numpy as np
-
-    return np.linalg.LinAlgError
+    return fit_available(runs, curves, FitOptions(n_convention=n_convention,
+                                                  flops_convention=flops_convention,
+                                                  n_boot=n_boot), source=source)
