@@ -74,7 +74,7 @@ def _row(c: ChildRun) -> dict:
         "group_id": t.get("sweep_group_id", c.point_id or c.run_id),
         "replicate": int(_num(t, "sweep_replicate", 0)), "stage": t.get("sweep_stage", "main"),
         "lr_factor": _num(t, "sweep_lr_factor", 1.0), "loss_source": loss_key,
-        "loss_se": _num(m, "final/heldout_se"), "heldout_tokens": _num(m, "final/heldout_tokens"),
+        "loss_se": _num(m, "final/heldout_se"), "val_loss": _num(m, "final/val_loss"), "heldout_tokens": _num(m, "final/heldout_tokens"),
         "run_name": c.name,
     }
 

@@ -236,7 +236,9 @@ def fit_variant(runs: pd.DataFrame, curves: pd.DataFrame | None, opts: FitOption
     runs = point_means(reps)
     vf = VariantFit(variant=str(runs["variant"].iloc[0]), runs=runs, curves=curves,
                     flops_per_token=FlopsPerToken.fit(runs["N"], runs["fpt"]), replicates=reps,
-                    boot_mode="replicates" if int(runs["n_rep"].max()) >= 2 else "points")
+                    # a point with one seed has no measured noise: resampling seeds would
+                    # treat it as exact, so the replicate bootstrap needs >= 2 seeds everywhere
+                    boot_mode="replicates" if int(runs["n_rep"].min()) >= 2 else "points")
     if 3 in opts.approaches and len(runs) < opts.min_points_parametric:  # cheapest check first
         _fit3(runs, opts)
     if 1 in opts.approaches:

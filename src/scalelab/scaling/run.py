@@ -197,7 +197,6 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
     d: dict[str, Any] = {f"model.{k}": v for k, v in p.model_overrides.items()}
     d |= {
         "run_name": p.label,
-        "seed": int(base.cfg.seed) + p.replicate,
         "train.max_steps": p.steps,
         "train.max_tokens": p.tokens,
         "train.val_every": val_every,
@@ -211,6 +210,8 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
         "logger.parent_run_id": parent_run_id,
         "paths.output_dir": str(sweep_dir / "runs" / p.name),
     }
+    if p.replicate:  # seed replicates: the configured seed + replicate (replicate 0 keeps it)
+        d["seed"] = int(base.cfg.seed) + p.replicate
     d |= p.optim_overrides(spec.min_lr_ratio, spec.beta2)
     if p.save_at_steps:  # WSD main run: stable-phase checkpoints for its cooldown branches
         d["train.save_at_steps"] = list(p.save_at_steps)
