@@ -234,3 +234,26 @@ def test_evaluate_checkpoint_matches_the_models_own_cross_entropy(tmp_path):
         ce = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
     assert m["final/heldout_loss"] == pytest.approx(float(ce), rel=1e-5)
     assert 0 < m["final/heldout_se"] < 0.1
+
+
+def test_a_measured_lr_law_sets_every_lr_without_tuning():
+    plan = _plan(lr_law={"coef": 0.3, "exponent": -0.25})
+    for p in plan.points:
+        assert p.lr == pytest.approx(0.3 * p.n_params_matmul ** -0.25)
+    tuned = _plan().with_lr_law(0.3, -0.25)  # the same points as after a tune stage: reruns skip
+    assert [p.point_id for p in plan.points] == [p.point_id for p in tuned.points]
+    with pytest.raises(ValueError, match=r"sweep\.lr_law"):
+        SweepSpec(budgets=[1e10], lr_law={"coef": -1, "exponent": 0})
+
+
+def test_clip_sizes_drops_targets_below_the_smallest_shape():
+    spec = dict(budgets=[3e9], sizes_per_budget=7, size_span=16.0, tokens_per_param=300.0,
+                min_steps=2)
+    with pytest.raises(ValueError, match=r"too small|repeated shapes"):
+        make_plan(SweepSpec(**spec), FAMILY, BASE, tokens_per_step=128)
+    plan = make_plan(SweepSpec(**spec, clip_sizes=True), FAMILY, BASE, tokens_per_step=128)
+    n = [p.n_params_matmul for p in plan.points]
+    assert 3 <= len(n) < 7 and n == sorted(set(n))
+    with pytest.raises(ValueError, match="clip_sizes left"):
+        make_plan(SweepSpec(**dict(spec, budgets=[1e8]), clip_sizes=True), FAMILY, BASE,
+                  tokens_per_step=128)

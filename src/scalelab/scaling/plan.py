@@ -114,6 +114,12 @@ class SweepSpec:
     tune_lr_factors: list[float] = field(default_factory=list)  # empty: no tune stage
     tune_budgets: list[float] = field(default_factory=list)  # empty: the smallest budget
     tune_sizes: int = 3  # sizes per tune budget (smallest, middle, largest of its curve)
+    # a measured law lr*(N) = coef * N^exponent (e.g. from an earlier tune stage's law.json)
+    # that sets every point's lr without tuning again; ignored when tune_lr_factors is set
+    lr_law: Optional[dict[str, float]] = None  # noqa: UP045
+    # drop the targets below the family's smallest shape, and repeated shapes, instead of
+    # failing (tiny budgets whose optimum sits near the smallest model); >= 3 sizes must remain
+    clip_sizes: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -166,6 +172,12 @@ class SweepSpec:
         if missing and self.mode == "isoflop":
             raise ValueError(f"sweep.tune_budgets has {missing}, which are not in sweep.budgets "
                              f"{self.budgets}: tune at budgets of the study")
+        if self.lr_law is not None:
+            law = dict(self.lr_law)
+            if set(law) != {"coef", "exponent"} or not float(law["coef"]) > 0:
+                raise ValueError(f"sweep.lr_law={self.lr_law!r}: give {{coef: c, exponent: k}} "
+                                 "with c > 0 (lr = c * N^k), or null")
+            self.lr_law = {"coef": float(law["coef"]), "exponent": float(law["exponent"])}
         self.variants = {str(k): list(v) for k, v in dict(self.variants or {}).items()}
         for k, v in self.variants.items():
             if not v:
@@ -534,6 +546,8 @@ def make_plan(
     plan = Plan(spec, family, base, tokens_per_step, seq_len, points, train_tokens,
                 identity=identity or {})
     plan.finalize()
+    if spec.lr_law is not None and not spec.tune_lr_factors:
+        return plan.with_lr_law(spec.lr_law["coef"], spec.lr_law["exponent"])
     return plan
 
 
@@ -656,7 +670,18 @@ def _isoflop_points(spec: SweepSpec, family: FamilyConfig, base: dict[str, Any],
         try:
             shapes.append(shape_for(t, family, base, spec.n_convention))
         except ValueError as e:
+            if spec.clip_sizes and "too small" in str(e):
+                continue
             raise ValueError(f"budget C={budget:.3g} (variant {label}): {e}") from None
+    if spec.clip_sizes:
+        unique: dict[tuple[int, int], ModelConfig] = {}
+        for cfg in shapes:
+            unique.setdefault((cfg.n_layers, cfg.d_model), cfg)
+        shapes = sorted(unique.values(), key=lambda c: _n_of(c, spec.n_convention))
+        if len(shapes) < 3:
+            raise ValueError(f"budget C={budget:.3g} (variant {label}): sweep.clip_sizes left "
+                             f"{len(shapes)} sizes (< 3, no parabola); raise the budget or "
+                             "sweep.size_span")
     keys = [(s.n_layers, s.d_model) for s in shapes]
     if len(set(keys)) != len(keys):
         raise ValueError(
