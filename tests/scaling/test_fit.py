@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from scalelab.scaling import FitInputError, FitOptions, fit_scaling_laws, prepare_runs
-from scalelab.scaling.fit_synthetic import CHINCHILLA, isoflop_runs, loss_curves
+from scalelab.scaling.fit_synthetic import CHINCHILLA, isoflop_runs, loss_curves, with_endpoints
 
 TRUE_A = CHINCHILLA["beta"] / (CHINCHILLA["alpha"] + CHINCHILLA["beta"])
 FAST = {"grid": "coarse", "n_boot": 20, "seed": 0}
@@ -13,8 +13,9 @@ FAST = {"grid": "coarse", "n_boot": 20, "seed": 0}
 
 @pytest.fixture(scope="module")
 def results():
-    runs = isoflop_runs(sizes_per_budget=7, noise=0.005, seed=0)
-    return fit_scaling_laws(runs, loss_curves(runs, points_per_run=25), FitOptions(**FAST))
+    # WSD-style end points (each size also trained to 1/4 and 1/2 of its D) for Approach 1
+    runs = with_endpoints(isoflop_runs(sizes_per_budget=7, noise=0.005, seed=0), noise=0.005)
+    return fit_scaling_laws(runs, None, FitOptions(**FAST))
 
 
 def test_all_approaches_and_cis(results):

@@ -22,7 +22,8 @@ def test_report_files_and_sections(results, tmp_path):
     plan = pd.DataFrame({"budget": [1e17, 1e18], "N": [1e7, 3e7], "D": [1.7e9, 5.6e9]})
     files = write_report(results, tmp_path / "rep", plan=plan)
     names = sorted(p.name for p in files)
-    assert names == ["frontier.png", "isoflop.png", "loss_vs_tokens.png", "parametric.png", "report.md"]
+    assert names == ["frontier.png", "isoflop.png", "loss_vs_tokens.png", "parametric.png",
+                     "report.html", "report.md"]
     for p in files:
         assert p.is_file() and p.stat().st_size > 0
         if p.suffix == ".png":
@@ -31,7 +32,8 @@ def test_report_files_and_sections(results, tmp_path):
     md = (tmp_path / "rep" / "report.md").read_text()
     for needle in ("## Plan", "### Runs", "### Fitted parameters", "approach3.alpha", "tokens_per_param",
                    "Chinchilla (Hoffmann et al. 2022)", "Epoch AI replication", "406.4", "2085",
-                   "### Extrapolation check", "Flagged and excluded", "C=1e+21", "![IsoFLOP profiles](isoflop.png)"):
+                   "### Extrapolation check", "Flagged and excluded", "C=1e+21", "![IsoFLOP profiles](isoflop.png)",
+                   "One FLOPs convention throughout", "### Points each approach used", "### Noise"):
         assert needle in md, needle
 
 

@@ -4,8 +4,10 @@ fitted values with bootstrap CIs and write the report.
     scalelab-fit --csv runs.csv [--curves curves.csv] --out reports/my_fit
     scalelab-fit --sweep cpu_small            # or --parent-run-id <MLflow run id>
 
-Exit status: 0 on success, 2 on bad input (missing column, non-positive value, too few
-points for an approach, missing file).
+Every approach the data allow is fitted; one that cannot be (too few budgets, no interior
+minimum, no real end points for Approach 1) is named with the reason. Exit status: 0 when at
+least one approach was fitted, 2 on bad input (missing column, non-positive value, missing
+file) or when none could be.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def print_results(results) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from scalelab.scaling import FitInputError, FitOptions, fit_scaling_laws, write_report
+    from scalelab.scaling import FitInputError, FitOptions, write_report
+    from scalelab.scaling.fit import fit_available
 
     try:
         approaches = tuple(int(a) for a in args.approaches.split(",") if a.strip())
@@ -111,11 +114,14 @@ def main(argv: list[str] | None = None) -> int:
                           approaches=approaches, n_boot=args.n_boot, seed=args.seed, grid=args.grid,
                           reference_compute=args.reference_compute, extrapolate=not args.no_extrapolate)
         runs, curves, source = _load(args)
-        results = fit_scaling_laws(runs, curves, opts, source=source)
+        # fit what the data allow; an approach that cannot be fitted is named with the reason
+        results, notes = fit_available(runs, curves, opts, source=source)
+        if results is None:
+            raise FitInputError("no approach could be fitted: " + " | ".join(notes))
     except (FitInputError, FileNotFoundError, RuntimeError, ValueError) as exc:
         print(f"scalelab-fit: error: {exc}", file=sys.stderr)
         return 2
-    print_results(results)
+    print_results(results)  # its notes name every approach left out and why
     if not args.no_report:
         name = args.csv.stem if args.csv is not None else (args.sweep or args.parent_run_id)
         from scalelab.tracking.root import repo_root

@@ -73,14 +73,14 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
     wsd = any(p.branch_of for p in plan.points)
     t = Table(title=f"sweep plan: {len(plan.points)} runs, "
                     f"{plan.total_compute:.3g} training FLOPs in all", show_lines=False)
-    cols = ["point"] + (["variant"] if multi else []) + [
+    cols = ["run name"] + (["variant"] if multi else []) + [
         "C (FLOPs)", "N (matmul)", "N non-emb", "N total", "d", "L", "heads", "D (tokens)",
         "D/N", "steps", "lr", "warmup"] + (["WSD branch of"] if wsd else []) + (
         ["est. time"] if estimates else [])
     for c in cols:
-        t.add_column(c, justify="left" if c in ("point", "variant") else "right")
+        t.add_column(c, justify="left" if c in ("run name", "variant") else "right")
     for i, p in enumerate(plan.points):
-        row = [p.name] + ([p.variant] if multi else []) + [
+        row = [p.label] + ([p.variant] if multi else []) + [
             f"{p.budget:.3g}", f"{p.n_params_matmul:,}", f"{p.n_params_non_embedding:,}",
             f"{p.n_params:,}", str(p.d_model), str(p.n_layers), str(p.n_heads), f"{p.tokens:,}",
             f"{p.tokens / p.n_params_matmul:.1f}", str(p.steps), f"{p.lr:.2e}",
@@ -91,9 +91,12 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
     s = plan.spec
     console.print(
         f"tokens/step {plan.tokens_per_step:,} (T={plan.seq_len}); lr rule {s.lr_rule} "
-        f"(lr={s.lr:g}" + (f" x {s.base_width}/d, max {s.max_lr:g}" if s.lr_rule != "fixed" else "")
+        f"(lr={s.lr:g}" + (f" x {s.base_width}/d" + (f", max {s.max_lr:g}" if s.max_lr is not None else "")
+           if s.lr_rule != "fixed" else "")
         + f"); warmup ~{s.warmup_tokens_per_param:g} N tokens, <= {s.max_warmup_fraction:.0%} of "
-        f"steps; {'wsd' if s.wsd else 'cosine'} to {s.min_lr_ratio:g}x; AdamW beta2={s.beta2:g}; N convention "
+        f"steps" + (f"; tune stage first: lr x {s.tune_lr_factors} -> lr*(N) for every point"
+                    if s.tune_lr_factors else "") + (f"; {s.seeds} seeds per point" if s.seeds > 1
+                                                      else "") + f"; {'wsd' if s.wsd else 'cosine'} to {s.min_lr_ratio:g}x; AdamW beta2={s.beta2:g}; N convention "
         f"{s.n_convention}; FLOPs = 6N + 12LTd from ModelConfig")
     n_branch = sum(1 for p in plan.points if p.branch_of)
     if n_branch:
@@ -130,7 +133,11 @@ def _estimates(plan: Any, base: Any, settings: Any, console: Any) -> list[float]
 
 
 def _parallel_jobs(settings: Any) -> int:
-    """Runs at a time: hydra.launcher.n_jobs of the joblib launcher, else 1."""
+    """Runs at a time: hydra.launcher.n_jobs of the joblib launcher, else 1.
+
+    HOOK(perf): jobs x train.num_threads should come from the platform's thread-count rule
+    (helper "perf" provides it); call it here and in the presets' launcher_overrides instead
+    of the fixed n_jobs=2 / num_threads=1 of conf/sweep/cpu_*.yaml."""
     if settings.launcher != "hydra" or settings.hydra_launcher != "joblib":
         return 1
     n = -1  # the joblib preset's default: one job per core
@@ -206,17 +213,17 @@ def run(argv: list[str]) -> int:
                       f"{' '.join(argv_without_plan_only(args.overrides))}".rstrip())
         return 0
 
+    from scalelab.scaling.run import HeldoutScorer
     from scalelab.tracking.sweep import SweepParent
 
-    plan_files = save_plan(plan, sweep_dir, estimates)
+    heldout = _heldout_set(settings, base)  # a set that does not fit fails before any run
     experiment = settings.experiment_name or f"sweep_{settings.name}"
     parent = SweepParent.open(base.tracking_uri, experiment, settings.name, base.artifact_root)
     console.print(f"MLflow parent run {parent.run_id} ({'new' if parent.created else 'reopened'}) "
                   f"in experiment {experiment!r}, store {base.tracking_uri}")
     console.print(f"sweep folder: {sweep_dir}")
     parent.log_params(_parent_params(plan, settings))
-    for path in plan_files.values():
-        parent.log_artifact(path, "plan")
+    scorer = HeldoutScorer(parent, sweep_dir, heldout, console.print) if heldout else None
 
     import os
 
@@ -224,9 +231,22 @@ def run(argv: list[str]) -> int:
 
     # each training process sizes its threads as cores // runs sharing them (scalelab.runtime)
     os.environ[CONCURRENT_ENV] = str(_jobs_threads(settings)[0])
-    runner = SweepRunner(plan, spec, settings, base, sweep_dir, parent, echo=console.print)
+    tuned = None
     try:
+        if spec.tune_lr_factors:
+            from scalelab.scaling.stage import run_tune_stage
+
+            plan, tuned = run_tune_stage(plan, spec, settings, base, sweep_dir, parent, scorer,
+                                         console.print)
+            print_plan(plan, None, console)
+        plan_files = save_plan(plan, sweep_dir, estimates if tuned is None else None)
+        for path in plan_files.values():
+            parent.log_artifact(path, "plan")
+        runner = SweepRunner(plan, spec, settings, base, sweep_dir, parent, echo=console.print,
+                             on_finished=scorer)
         outcome = runner.run()
+        if scorer is not None:
+            scorer.score_all(plan.points)
     except KeyboardInterrupt:
         parent.end("KILLED")
         raise
@@ -242,7 +262,7 @@ def run(argv: list[str]) -> int:
 
     fit_lines: list[str] = []
     if settings.fit and not collected.runs.empty:
-        fit_lines = _fit_and_report(collected, plan, settings, sweep_dir, parent, console)
+        fit_lines = _fit_and_report(collected, plan, settings, sweep_dir, parent, console, tuned)
 
     wall = time.time() - t_start
     parent.log_metrics({"sweep/points": len(plan.points), "sweep/finished": len(collected.runs),
@@ -254,8 +274,19 @@ def run(argv: list[str]) -> int:
     return 0 if not outcome.failed else 1
 
 
+def _heldout_set(settings: Any, base: Any) -> Any:
+    if not settings.heldout_tokens:
+        return None
+    if base.val_tokens is None:
+        raise ValueError("sweep.heldout_tokens needs a causal-LM corpus with a validation split; "
+                         "set sweep.heldout_tokens=0")
+    from scalelab.scaling.heldout import HeldoutSet
+
+    return HeldoutSet.from_tokens(base.val_tokens, base.block_size, settings.heldout_tokens)
+
+
 def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, parent: Any,
-                    console: Any) -> list[str]:
+                    console: Any, tuned: Any = None) -> list[str]:
     """Fit (approaches 1-3 as the data allows), write the report, log both to the parent."""
     import pandas as pd
 
@@ -272,7 +303,8 @@ def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, p
         return [*lines, "[red]no scaling law could be fitted to these runs[/red]"]
     print_results(results)
     report_dir = sweep_dir / "report"
-    files = write_report(results, report_dir, plan=pd.DataFrame(plan.rows()))
+    files = write_report(results, report_dir, plan=pd.DataFrame(plan.rows()), tune=tuned,
+                         runs_detail=collected.runs)
     parent.log_artifacts(report_dir, "report")
     metrics = {}
     for name, vf in results.variants.items():

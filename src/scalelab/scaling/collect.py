@@ -26,7 +26,8 @@ from scalelab.tracking.sweep import ChildRun, SweepParent, metric_history, open_
 N_COLUMNS = {"matmul": "n_params_matmul", "non_embedding": "n_params_non_embedding",
              "total": "n_params"}
 C_COLUMNS = {"attention": "flops", "6n": "flops_6n"}
-FINAL_LOSS_KEYS = ("final/val_loss", "val/loss")
+# the fixed held-out set's loss when the sweep scored it (sweep.heldout_tokens), else the run's own
+FINAL_LOSS_KEYS = ("final/heldout_loss", "final/val_loss", "val/loss")
 CURVE_COLUMNS = ["run_id", "step", "tokens", "flops", "loss"]
 
 
@@ -49,7 +50,8 @@ def _row(c: ChildRun) -> dict:
     fpt, fpt6 = _num(p, "flops_per_token"), _num(p, "flops_per_token_6n")
     # tokens actually trained on: the final count, else the planned budget
     tokens = _num(m, "final/tokens_seen", _num(p, "tokens_budget", _num(m, "tokens_seen")))
-    loss = next((m[k] for k in FINAL_LOSS_KEYS if k in m), float("nan"))
+    loss_key = next((k for k in FINAL_LOSS_KEYS if k in m), "")
+    loss = m.get(loss_key, float("nan"))
     wall = (c.end_time - c.start_time) / 1000 if c.end_time else float("nan")
     return {
         "run_id": c.run_id, "point": t.get("sweep_point", c.name), "point_id": c.point_id,
@@ -68,6 +70,12 @@ def _row(c: ChildRun) -> dict:
         "wall_s": wall, "status": c.status,
         # WSD cooldown branch: point id of the main run it branched from ("" otherwise)
         "wsd_branch_of": t.get("wsd_branch_of", ""),
+        # replicates of one point share its group id (sweep.seeds); the fits average them
+        "group_id": t.get("sweep_group_id", c.point_id or c.run_id),
+        "replicate": int(_num(t, "sweep_replicate", 0)), "stage": t.get("sweep_stage", "main"),
+        "lr_factor": _num(t, "sweep_lr_factor", 1.0), "loss_source": loss_key,
+        "loss_se": _num(m, "final/heldout_se"), "val_loss": _num(m, "final/val_loss"), "heldout_tokens": _num(m, "final/heldout_tokens"),
+        "run_name": c.name,
     }
 
 
@@ -169,6 +177,9 @@ def collect_runs(sweep: Optional[str] = None, parent_run_id: Optional[str] = Non
     parent = find_parent(sweep, parent_run_id, tracking_uri)
     # only the points of the sweep's current plan (an earlier plan may have left other runs)
     got = collect(parent, n_convention, flops_convention, point_ids=parent.plan_point_ids())
+    if not got.runs.empty:  # the tune stage's lr grid is not part of the study's fits
+        got.runs = got.runs[got.runs["stage"] == "main"].reset_index(drop=True)
+        got.curves = got.curves[got.curves["run_id"].isin(got.runs["run_id"])]
     if got.runs.empty:
         raise ValueError(f"sweep {sweep or parent_run_id}: no FINISHED child runs under parent "
                          f"{parent.run_id} in {parent.tracking_uri}")

@@ -73,6 +73,9 @@ class VariantFit:
     boot: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per replicate
     extrapolation: ExtrapolationCheck | None = None
     skipped: dict[int, str] = field(default_factory=dict)  # approach -> why it was not run
+    replicates: pd.DataFrame | None = None  # one row per run (seed replicates of a point)
+    boot_mode: str = "points"  # "replicates": resample seeds within points; "points": pairs
+    used: dict[int, str] = field(default_factory=dict)  # approach -> which points it used
 
 
 @dataclass
@@ -104,9 +107,49 @@ def _quantities_raw(fit1, fit2, fit3, c_ref: float, fpt: FlopsPerToken) -> dict[
         for k, v in fit3.as_dict().items():
             if k != "G":
                 q[f"approach3.{k}"] = v
-        q["approach3.tokens_per_param"] = float(fit3.tokens_per_param(c_ref))
+        # one FLOPs convention: the allocation uses the data's C = fpt(N) D, not 6ND
+        q["approach3.a"], q["approach3.b"] = fit3.a_under(fpt), fit3.b_under(fpt)
+        n_ref = float(fit3.n_opt_under(c_ref, fpt))
+        q["approach3.tokens_per_param"] = float(c_ref / fpt(n_ref) / n_ref)
         q["approach3.optimal_loss"] = float(fit3.optimal_loss(c_ref, fpt))
     return q
+
+
+def point_means(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per point (seed replicates share a group_id): the mean loss, its seed spread
+    (loss_sd, n_rep) and the held-out standard error (mean over replicates)."""
+    g = runs.groupby("group_id", sort=False)
+    out = g.agg(run_id=("run_id", "first"), variant=("variant", "first"), N=("N", "first"),
+                D=("D", "mean"), C=("C", "mean"), loss=("loss", "mean"), budget=("budget", "first"),
+                fpt=("fpt", "first"), loss_sd=("loss", "std"), n_rep=("loss", "size"),
+                loss_se=("loss_se", "mean")).reset_index()
+    return out[["run_id", "variant", "N", "D", "C", "loss", "budget", "fpt", "group_id", "loss_sd",
+                "n_rep", "loss_se"]]
+
+
+def endpoint_curves(points: pd.DataFrame) -> pd.DataFrame:
+    """Approach 1's loss-vs-D points, from end points only: for every size N trained to >= 2
+    different D (separate runs, WSD cooldown branches, or the same shape at several budgets),
+    its final losses as a 'curve'. Intermediate evaluations of a cosine run never enter: they
+    overstate the loss at early D (the schedule has not decayed there)."""
+    rows = []
+    for n, g in points.groupby("N"):
+        if g["D"].nunique() < 2:
+            continue
+        for r in g.itertuples():
+            rows.append({"run_id": f"N={n:.6g}", "variant": r.variant, "N": float(n),
+                         "tokens": float(r.D), "flops": float(r.C), "loss": float(r.loss)})
+    return pd.DataFrame(rows, columns=["run_id", "variant", "N", "tokens", "flops", "loss"])
+
+
+def _resample_replicates(reps: pd.DataFrame, points: pd.DataFrame,
+                         rng: np.random.Generator) -> pd.DataFrame:
+    """The points with each mean loss recomputed from a resample (with replacement) of its
+    own seed replicates: the noise of a fixed design, measured rather than assumed."""
+    losses = reps.groupby("group_id", sort=False)["loss"].apply(lambda s: s.to_numpy())
+    new = [float(rng.choice(losses[gid], len(losses[gid]), replace=True).mean())
+           for gid in points["group_id"]]
+    return points.assign(loss=new)
 
 
 def _fit3(runs: pd.DataFrame, opts: FitOptions, **kw) -> ParametricFit:
@@ -127,13 +170,27 @@ def _bootstrap(vf: VariantFit, opts: FitOptions, c_ref: float, rng: np.random.Ge
         starts = theta_of(vf.approach3)[None]
         if opts.boot_grid != "none":
             starts = np.vstack([starts, init_grid(opts.boot_grid)])
-    run_ids = runs["run_id"].unique()
+    curves = endpoint_curves(runs)
+    curve_ids = curves["run_id"].unique()
     for _ in range(opts.n_boot):
         f1 = f2 = f3 = None
-        if vf.approach1 is not None:  # resample whole curves
-            pick = rng.choice(run_ids, len(run_ids), replace=True)
+        if vf.boot_mode == "replicates":
+            # fixed design: the same points, each mean from a resample of its own seeds
+            sample = _resample_replicates(vf.replicates, runs, rng)
             with contextlib.suppress(FitInputError):
-                f1 = fit_envelope(vf.curves[vf.curves["run_id"].isin(pick)])
+                if vf.approach1 is not None:
+                    f1 = fit_envelope(endpoint_curves(sample))
+            with contextlib.suppress(FitInputError):
+                if vf.approach2 is not None:
+                    f2 = fit_isoflop(sample, opts.min_sizes_per_budget)
+            if vf.approach3 is not None:
+                f3 = _fit3(sample, opts, starts=starts, polish=1)
+            rows.append(_quantities(f1, f2, f3, c_ref, vf.flops_per_token))
+            continue
+        if vf.approach1 is not None:  # resample whole end-point curves (one per size)
+            pick = rng.choice(curve_ids, len(curve_ids), replace=True)
+            with contextlib.suppress(FitInputError):
+                f1 = fit_envelope(pd.concat([curves[curves["run_id"] == i] for i in pick]))
         if vf.approach2 is not None:  # resample runs within each budget
             parts = [g.iloc[rng.integers(0, len(g), len(g))] for _, g in runs.groupby("budget")]
             with contextlib.suppress(FitInputError):
@@ -175,22 +232,33 @@ def _extrapolate(vf: VariantFit, opts: FitOptions) -> ExtrapolationCheck | None:
 def fit_variant(runs: pd.DataFrame, curves: pd.DataFrame | None, opts: FitOptions, c_ref: float,
                 rng: np.random.Generator) -> VariantFit:
     """All requested approaches for one variant's canonical runs (and curves) table."""
+    reps = runs
+    runs = point_means(reps)
     vf = VariantFit(variant=str(runs["variant"].iloc[0]), runs=runs, curves=curves,
-                    flops_per_token=FlopsPerToken.fit(runs["N"], runs["fpt"]))
+                    flops_per_token=FlopsPerToken.fit(runs["N"], runs["fpt"]), replicates=reps,
+                    # a point with one seed has no measured noise: resampling seeds would
+                    # treat it as exact, so the replicate bootstrap needs >= 2 seeds everywhere
+                    boot_mode="replicates" if int(runs["n_rep"].min()) >= 2 else "points")
     if 3 in opts.approaches and len(runs) < opts.min_points_parametric:  # cheapest check first
         _fit3(runs, opts)
     if 1 in opts.approaches:
-        if curves is None or curves.empty:
-            vf.skipped[1] = "no loss curves given"
-        else:  # curves are optional extras, so an unusable envelope is a note, not an error
-            try:
-                vf.approach1 = fit_envelope(curves)
-            except FitInputError as exc:
-                vf.skipped[1] = str(exc)
+        ends = endpoint_curves(runs)
+        try:
+            vf.approach1 = fit_envelope(ends)
+            vf.used[1] = (f"end points of {ends['run_id'].nunique()} sizes trained to >= 2 token "
+                          f"counts ({len(ends)} runs); no intermediate evaluations")
+        except FitInputError as exc:
+            vf.skipped[1] = (f"{exc} (from end points only: {ends['run_id'].nunique()} sizes "
+                             "have runs at >= 2 token counts; use sweep.wsd=true or sweep.mode="
+                             "grid for real end points)")
     if 2 in opts.approaches:
         vf.approach2 = fit_isoflop(runs, opts.min_sizes_per_budget)
+        vf.used[2] = (f"final losses of {len(runs)} points on {runs['budget'].nunique()} IsoFLOP "
+                      "budgets" + (", each the mean of its seeds" if vf.boot_mode == "replicates"
+                                   else ""))
     if 3 in opts.approaches:
         vf.approach3 = _fit3(runs, opts)
+        vf.used[3] = f"final losses of all {len(runs)} points (N, D, loss)"
     point = _quantities(vf.approach1, vf.approach2, vf.approach3, c_ref, vf.flops_per_token)
     if opts.n_boot > 0:
         vf.boot = _bootstrap(vf, opts, c_ref, rng)
@@ -205,6 +273,67 @@ def fit_variant(runs: pd.DataFrame, curves: pd.DataFrame | None, opts: FitOption
     if opts.extrapolate and 3 in opts.approaches:
         vf.extrapolation = _extrapolate(vf, opts)
     return vf
+
+
+def _law(row: dict) -> ParametricFit:
+    return ParametricFit(E=row["E"], A=row["A"], B=row["B"], alpha=row["alpha"], beta=row["beta"],
+                         objective=float("nan"), n_points=0, n_starts=0, converged_starts=0,
+                         seconds=0.0)
+
+
+def optimal_loss_at(fit: ParametricFit, c, fpt: FlopsPerToken) -> np.ndarray:
+    """Compute-optimal loss at C under the data's FLOPs convention (closed form)."""
+    with np.errstate(all="ignore"):
+        return fit.predict(fit.n_opt_under(c, fpt), fit.d_opt_under(c, fpt))
+
+
+def compute_multiplier(variant: ParametricFit, fpt_v: FlopsPerToken, baseline: ParametricFit,
+                       fpt_b: FlopsPerToken, c_ref: float) -> float:
+    """C' / c_ref where the baseline's compute-optimal loss at C' equals the variant's at c_ref:
+    how much more compute the baseline needs for the variant's loss (> 1: the variant is
+    better; < 1: it is worse). inf when the baseline never reaches it (below its E)."""
+    from scipy.optimize import brentq
+
+    target = float(optimal_loss_at(variant, c_ref, fpt_v))
+
+    def gap(log_c: float) -> float:
+        return float(optimal_loss_at(baseline, np.exp(log_c), fpt_b)) - target
+
+    x0 = math.log(c_ref)
+    lo, hi = x0 - 40.0, x0 + 40.0
+    try:
+        g_lo, g_hi = gap(lo), gap(hi)
+    except (OverflowError, ValueError):  # pragma: no cover - degenerate law
+        return float("nan")
+    if not (np.isfinite(g_lo) and np.isfinite(g_hi) and np.isfinite(target)):
+        return float("nan")
+    if g_hi > 0:  # even 1e17 x more compute does not reach it
+        return float("inf")
+    if g_lo < 0:
+        return 0.0
+    return float(np.exp(brentq(gap, lo, hi, xtol=1e-10) - x0))
+
+
+def _multiplier_estimate(v: VariantFit, base: VariantFit, c_ref: float, opts: FitOptions) -> Estimate:
+    value = compute_multiplier(v.approach3, v.flops_per_token, base.approach3,
+                               base.flops_per_token, c_ref)
+    keys = [f"approach3.{k}" for k in ("E", "A", "B", "alpha", "beta")]
+    if not (all(k in v.boot for k in keys) and all(k in base.boot for k in keys)):
+        return Estimate(value)
+    n = min(len(v.boot), len(base.boot))  # replicates are independent: pair by index
+    out = []
+    for i in range(n):
+        rv = {k.split(".")[1]: float(v.boot[k].iloc[i]) for k in keys}
+        rb = {k.split(".")[1]: float(base.boot[k].iloc[i]) for k in keys}
+        if all(np.isfinite(list(rv.values()))) and all(np.isfinite(list(rb.values()))):
+            out.append(compute_multiplier(_law(rv), v.flops_per_token, _law(rb),
+                                          base.flops_per_token, c_ref))
+    m = np.array(out, float)
+    m = m[~np.isnan(m)]
+    if len(m) < 2:
+        return Estimate(value)
+    lo_q, hi_q = (1 - opts.ci) / 2, 1 - (1 - opts.ci) / 2
+    return Estimate(value, float(np.quantile(m, lo_q)), float(np.quantile(m, hi_q)), len(m))
 
 
 def _compare(variants: dict[str, VariantFit], opts: FitOptions, c_ref: float) -> pd.DataFrame | None:
@@ -234,6 +363,8 @@ def _compare(variants: dict[str, VariantFit], opts: FitOptions, c_ref: float) ->
             row["loss_ratio"] = ratio
             row["better"] = name if ratio.value < 1 else base.variant
             row["significant"] = bool(ratio.hi < 1 or ratio.lo > 1) if not math.isnan(ratio.lo) else False
+        if v.approach3 is not None and base.approach3 is not None:
+            row["compute_multiplier"] = _multiplier_estimate(v, base, c_ref, opts)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -269,3 +400,26 @@ def fit_scaling_laws(runs, curves=None, options: FitOptions | None = None,
             raise FitInputError(f"{prefix}{exc}" + (f" (data: {source})" if source else "")) from exc
     return ScalingResults(variants=variants, options=opts, reference_compute=c_ref, notes=notes,
                           comparison=_compare(variants, opts, c_ref))
+
+
+def fit_available(runs, curves=None, options: FitOptions | None = None,
+                  source: str | None = None) -> tuple[ScalingResults | None, list[str]]:
+    """Fit every approach the data allow: (results or None, notes naming what was left out
+    and why). Each approach is tried alone without bootstrap first; the ones that fit go into
+    one final fit with bootstrap intervals and the extrapolation check."""
+    import dataclasses
+
+    opts = options or FitOptions()
+    notes, ok = [], []
+    for a in opts.approaches:
+        try:
+            fit_scaling_laws(runs, curves, dataclasses.replace(opts, approaches=[a], n_boot=0,
+                                                                extrapolate=False), source=source)
+            ok.append(a)
+        except (FitInputError, ValueError, np.linalg.LinAlgError) as e:
+            notes.append(f"Approach {a} left out: {e}")
+    if not ok:
+        return None, notes
+    results = fit_scaling_laws(runs, curves, dataclasses.replace(opts, approaches=ok), source=source)
+    results.notes = notes + results.notes
+    return results, notes

@@ -159,7 +159,13 @@ def prepare_runs(runs, options: FitOptions | None = None, source: str | None = N
         out["budget"] = group_budgets(out["C"].to_numpy())
     out["variant"] = df["variant"].astype(str) if "variant" in df.columns else "default"
     out["run_id"] = df["run_id"].astype(str) if "run_id" in df.columns else [f"run{i}" for i in range(len(df))]
-    out = out.reset_index(drop=True)[["run_id", "variant", "N", "D", "C", "loss", "budget", "fpt"]]
+    # seed replicates of one point share a group id (sweep.seeds); without one every run is its
+    # own point. loss_se: the held-out set's standard error of the loss, when it was measured.
+    out["group_id"] = df["group_id"].astype(str) if "group_id" in df.columns else out["run_id"]
+    out["loss_se"] = pd.to_numeric(df["loss_se"], errors="coerce") if "loss_se" in df.columns \
+        else np.nan
+    out = out.reset_index(drop=True)[["run_id", "variant", "N", "D", "C", "loss", "budget", "fpt",
+                                      "group_id", "loss_se"]]
     out.attrs["notes"] = notes
     return out
 

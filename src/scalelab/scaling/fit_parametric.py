@@ -185,6 +185,30 @@ class ParametricFit:
             out = np.array([self.predict(*optimal_allocation(self, ci, flops_per_token)) for ci in c_arr])
         return out if np.ndim(c) else out[0]
 
+    # --- the same frontier under the data's own FLOPs per token, fpt(N) = k N^p ------------
+    # L(N, C / fpt(N)) = E + A N^-alpha + B k^beta N^(p beta) C^-beta is minimal where
+    # alpha A N^-alpha = p beta B k^beta N^(p beta) C^-beta, so N_opt = G_f C^a_f with
+    # a_f = beta / (alpha + p beta) and G_f = (alpha A / (p beta B k^beta))^(1 / (alpha + p beta)).
+    # With k = 6, p = 1 these are Hoffmann's closed forms above.
+    def a_under(self, fpt: FlopsPerToken) -> float:
+        """Exponent of N_opt ∝ C^a when C = fpt(N) * D."""
+        return self.beta / (self.alpha + fpt.p * self.beta)
+
+    def b_under(self, fpt: FlopsPerToken) -> float:
+        """Exponent of D_opt ∝ C^b when C = fpt(N) * D: b = 1 - p a."""
+        return 1.0 - fpt.p * self.a_under(fpt)
+
+    def n_opt_under(self, c, fpt: FlopsPerToken) -> np.ndarray:
+        if not (self.alpha > 0 and self.beta > 0):
+            return np.full(np.shape(c), np.nan)
+        den = self.alpha + fpt.p * self.beta
+        log_g = (np.log(self.alpha * self.A) - np.log(fpt.p * self.beta * self.B)
+                 - self.beta * np.log(fpt.k)) / den
+        return np.exp(log_g + self.a_under(fpt) * np.log(np.asarray(c, float)))
+
+    def d_opt_under(self, c, fpt: FlopsPerToken) -> np.ndarray:
+        return np.asarray(c, float) / fpt(self.n_opt_under(c, fpt))
+
     def as_dict(self) -> dict[str, float]:
         return {"E": self.E, "A": self.A, "B": self.B, "alpha": self.alpha, "beta": self.beta,
                 "a": self.a, "b": self.b, "G": self.G}
@@ -220,7 +244,7 @@ def optimal_allocation(fit: ParametricFit, c: float, fpt: FlopsPerToken) -> tupl
         n = np.exp(x)
         return float(fit.predict(n, c / fpt(n)))
 
-    x0 = float(np.log(fit.n_opt(c)))
+    x0 = float(np.log(fit.n_opt_under(c, fpt)))
     if not np.isfinite(x0):
         return float("nan"), float("nan")
     res = minimize_scalar(loss, bracket=(x0 - 1.0, x0 + 1.0))

@@ -65,3 +65,33 @@ def loss_curves(runs: pd.DataFrame, points_per_run: int = 40, law: dict[str, flo
         flops = tokens * (r.C / r.D)
         rows.append(pd.DataFrame({"run_id": r.run_id, "tokens": tokens, "flops": flops, "loss": loss}))
     return pd.concat(rows, ignore_index=True)
+
+
+def with_endpoints(runs: pd.DataFrame, fractions=(0.25, 0.5), law: dict[str, float] = CHINCHILLA,
+                   noise: float = 0.0, seed: int = 1) -> pd.DataFrame:
+    """The runs plus, for each, runs of the same N trained to ``fractions`` of its D (what WSD
+    cooldown branches give): real end points for Approach 1. A branch's budget is its own C."""
+    rng = np.random.default_rng(seed)
+    extra = []
+    for q in fractions:
+        b = runs.copy()
+        b["D"], b["C"], b["budget"] = runs["D"] * q, runs["C"] * q, runs["budget"] * q
+        b["loss"] = law_loss(b["N"], b["D"], law) * (1 + noise * rng.standard_normal(len(b)))
+        b["run_id"] = runs["run_id"] + f"_q{q:g}"
+        extra.append(b)
+    return pd.concat([runs, *extra], ignore_index=True)
+
+
+def replicate(runs: pd.DataFrame, k: int, noise: float, seed: int = 2,
+              law: dict[str, float] = CHINCHILLA) -> pd.DataFrame:
+    """``k`` seed replicates of every run (one group_id per point), each loss from the law times
+    (1 + noise * standard normal): the seeds' spread is the only noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for r in range(k):
+        b = runs.copy()
+        b["group_id"] = runs["run_id"]
+        b["run_id"] = runs["run_id"] + f"_s{r}"
+        b["loss"] = law_loss(b["N"], b["D"], law) * (1 + noise * rng.standard_normal(len(b)))
+        out.append(b)
+    return pd.concat(out, ignore_index=True)

@@ -107,6 +107,19 @@ class SweepSpec:
     wsd: bool = False
     wsd_fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0])
     wsd_decay_fraction: float = 0.2
+    # noise: every point trained `seeds` times (seed = base seed + replicate); fits use the mean
+    seeds: int = 1
+    # tune stage (scaling/tune.py): an lr grid (factors of the rule's lr) at a few sizes of the
+    # `tune_budgets` IsoFLOP curves, a power law lr*(N) fitted to the optima, used for every point
+    tune_lr_factors: list[float] = field(default_factory=list)  # empty: no tune stage
+    tune_budgets: list[float] = field(default_factory=list)  # empty: the smallest budget
+    tune_sizes: int = 3  # sizes per tune budget (smallest, middle, largest of its curve)
+    # a measured law lr*(N) = coef * N^exponent (e.g. from an earlier tune stage's law.json)
+    # that sets every point's lr without tuning again; ignored when tune_lr_factors is set
+    lr_law: Optional[dict[str, float]] = None  # noqa: UP045
+    # drop the targets below the family's smallest shape, and repeated shapes, instead of
+    # failing (tiny budgets whose optimum sits near the smallest model); >= 3 sizes must remain
+    clip_sizes: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -146,6 +159,25 @@ class SweepSpec:
         if not 0 <= self.beta2 < 1:
             raise ValueError(f"sweep.beta2={self.beta2!r}: must be in [0, 1)")
         _positive_int("sweep.min_steps", self.min_steps)
+        _positive_int("sweep.seeds", self.seeds)
+        _positive_int("sweep.tune_sizes", self.tune_sizes)
+        self.tune_lr_factors = [float(x) for x in self.tune_lr_factors]
+        self.tune_budgets = [float(x) for x in self.tune_budgets]
+        if self.tune_lr_factors and (len(set(self.tune_lr_factors)) < 3
+                                     or min(self.tune_lr_factors) <= 0):
+            raise ValueError(f"sweep.tune_lr_factors={self.tune_lr_factors!r}: >= 3 distinct "
+                             "positive factors of the rule's lr (a parabola needs 3), e.g. "
+                             "[0.25,0.5,1,2,4]; [] turns the tune stage off")
+        missing = sorted(set(self.tune_budgets) - set(self.budgets))
+        if missing and self.mode == "isoflop":
+            raise ValueError(f"sweep.tune_budgets has {missing}, which are not in sweep.budgets "
+                             f"{self.budgets}: tune at budgets of the study")
+        if self.lr_law is not None:
+            law = dict(self.lr_law)
+            if set(law) != {"coef", "exponent"} or not float(law["coef"]) > 0:
+                raise ValueError(f"sweep.lr_law={self.lr_law!r}: give {{coef: c, exponent: k}} "
+                                 "with c > 0 (lr = c * N^k), or null")
+            self.lr_law = {"coef": float(law["coef"]), "exponent": float(law["exponent"])}
         self.variants = {str(k): list(v) for k, v in dict(self.variants or {}).items()}
         for k, v in self.variants.items():
             if not v:
@@ -210,6 +242,10 @@ class PlanPoint:
     save_at_steps: list[int] = field(default_factory=list)
     branch_from: str = ""  # name of the main point (its run folder holds the checkpoint)
     start_step: int = 0
+    replicate: int = 0  # seed replicate (sweep.seeds): the run's seed is base seed + replicate
+    group_id: str = ""  # point id shared by all replicates of one (N, D, lr, variant) point
+    stage: str = "main"  # main | tune (a run of the lr grid of the tune stage)
+    lr_factor: float = 1.0  # tune stage: this run's lr / the rule's lr
 
     @property
     def cost(self) -> int:
@@ -223,7 +259,21 @@ class PlanPoint:
 
     @property
     def name(self) -> str:
-        return f"p{self.index:03d}_{self.point_id[:8]}"
+        """Folder and config name: unique and stable (the hash), never shown as a run name."""
+        prefix = "t" if self.stage == "tune" else "p"
+        return f"{prefix}{self.index:03d}_{self.point_id[:8]}"
+
+    @property
+    def label(self) -> str:
+        """The MLflow run name: what tells points apart, e.g. C3e11-N21k, C3e11-N21k-s1."""
+        out = f"C{_short(self.budget)}-N{_short(self.n_params_matmul)}"
+        if self.variant != "default":
+            out += f"-{self.variant}"
+        if self.stage == "tune":
+            out = f"tune-{out}-lr{self.lr_factor:g}x"
+        if self.replicate:
+            out += f"-s{self.replicate}"
+        return out
 
     def n_by(self, convention: str) -> int:
         return {"matmul": self.n_params_matmul, "non_embedding": self.n_params_non_embedding,
@@ -245,6 +295,7 @@ class PlanPoint:
             "n_heads": self.n_heads, "D": self.tokens,
             "tokens_per_param": self.tokens / self.n_params_matmul, "C": self.compute,
             "steps": self.steps, "lr": self.lr, "warmup_steps": self.warmup_steps,
+            "replicate": self.replicate, "stage": self.stage, "run_name": self.label,
         } | ({"wsd_branch_of": self.branch_from, "start_step": self.start_step, "cost": self.cost}
              if self.schedule == "wsd" else {})
 
@@ -258,6 +309,24 @@ class Plan:
     seq_len: int
     points: list[PlanPoint]
     train_tokens: Optional[int] = None  # noqa: UP045
+    identity: dict[str, Any] = field(default_factory=dict)
+    lr_law: dict[str, float] | None = None  # lr = coef * N^exponent from the tune stage
+
+    def finalize(self) -> None:
+        _finalize(self)
+
+    def with_lr_law(self, coef: float, exponent: float) -> Plan:
+        """The plan with every point's peak lr = coef * N_matmul^exponent (the tuned law);
+        hashes, branches and replicates rebuilt (new lr, new runs)."""
+        base = [dataclasses.replace(p, save_at_steps=[]) for p in self.points
+                if p.replicate == 0 and p.branch_of is None]
+        for p in base:
+            # no sweep.max_lr cap: that guards the untuned rule; the law was measured
+            p.lr = float(coef * p.n_params_matmul ** exponent)
+        out = dataclasses.replace(self, points=base,
+                                  lr_law={"coef": float(coef), "exponent": float(exponent)})
+        out.finalize()
+        return out
 
     @property
     def variants(self) -> list[str]:
@@ -280,8 +349,22 @@ class Plan:
         return {"spec": dataclasses.asdict(self.spec), "family": dataclasses.asdict(self.family),
                 "base_model": self.base_model, "tokens_per_step": self.tokens_per_step,
                 "seq_len": self.seq_len, "train_tokens": self.train_tokens,
+                "lr_law": self.lr_law,
                 "points": [dataclasses.asdict(p) | {"name": p.name, "compute": p.compute}
                            for p in self.points]}
+
+
+def _short(x: float) -> str:
+    """3e11, 21k, 1.5M: a number in a run name (no dots where a whole number will do)."""
+    if x >= 1e9 or x < 1:
+        m, e = f"{x:.1e}".split("e")
+        m = m.rstrip("0").rstrip(".")
+        return f"{m}e{int(e)}"
+    for div, suf in ((1e6, "M"), (1e3, "k"), (1, "")):
+        if x >= div:
+            v = x / div
+            return (f"{v:.0f}" if v >= 10 else f"{v:.1f}".rstrip("0").rstrip(".")) + suf
+    return f"{x:g}"  # pragma: no cover
 
 
 def point_hash(payload: dict[str, Any]) -> str:
@@ -460,25 +543,64 @@ def make_plan(
                                    seq_len)
     for p in points:
         _finish_point(p, spec, train_tokens)
-    ident = identity or {}
+    plan = Plan(spec, family, base, tokens_per_step, seq_len, points, train_tokens,
+                identity=identity or {})
+    plan.finalize()
+    if spec.lr_law is not None and not spec.tune_lr_factors:
+        return plan.with_lr_law(spec.lr_law["coef"], spec.lr_law["exponent"])
+    return plan
+
+
+def _point_payload(p: PlanPoint, plan: Plan) -> dict[str, Any]:
+    spec = plan.spec
+    payload = {"model": p.model_overrides, "extra": p.extra_overrides,
+               "tokens": p.tokens, "lr": p.lr, "warmup": p.warmup_steps,
+               "min_lr_ratio": spec.min_lr_ratio, "beta2": spec.beta2,
+               "base_model": plan.base_model, "identity": plan.identity}
+    if spec.wsd:  # only then: cosine sweeps keep the hashes they always had
+        payload["wsd"] = {"decay_fraction": spec.wsd_decay_fraction,
+                          "fractions": spec.wsd_fractions}
+    if p.stage != "main":
+        payload["stage"] = p.stage
+    return payload
+
+
+def _finalize(plan: Plan) -> None:
+    """Hashes, WSD branches and seed replicates of the base points (their lr already set)."""
+    spec = plan.spec
+    points = [p for p in plan.points if p.replicate == 0 and p.branch_of is None]
     for i, p in enumerate(points):
         p.index = i
-        payload = {"model": p.model_overrides, "extra": p.extra_overrides,
-                   "tokens": p.tokens, "lr": p.lr, "warmup": p.warmup_steps,
-                   "min_lr_ratio": spec.min_lr_ratio, "beta2": spec.beta2,
-                   "base_model": base, "identity": ident}
-        if spec.wsd:  # only then: cosine sweeps keep the hashes they always had
-            payload["wsd"] = {"decay_fraction": spec.wsd_decay_fraction,
-                              "fractions": spec.wsd_fractions}
-        p.point_id = point_hash(payload)
+        p.save_at_steps = []
+        p.point_id = point_hash(_point_payload(p, plan))
     if spec.wsd:
         points += _wsd_branches(points, spec)
+    for p in points:
+        p.group_id = p.point_id
+    n_seeds = spec.seeds if all(p.stage == "main" for p in points) else 1
+
+    def rep_id(pid: str, r: int) -> str:
+        return point_hash({"replicate_of": pid, "replicate": r})
+
+    reps = []
+    for r in range(1, n_seeds):
+        for p in points:  # a replicate differs only by its seed: same N, D, lr, schedule
+            reps.append(dataclasses.replace(
+                p, replicate=r, save_at_steps=list(p.save_at_steps), point_id=rep_id(p.point_id, r),
+                branch_of=rep_id(p.branch_of, r) if p.branch_of else None))
+    points += reps
+    for i, p in enumerate(points):
+        p.index = i
     ids = [p.point_id for p in points]
     if len(set(ids)) != len(ids):
         dup = sorted({p.name for p in points if ids.count(p.point_id) > 1})
         raise ValueError(f"plan has duplicate runs {dup}: two budgets map to the same (N, D); "
                          "space the budgets further apart")
-    return Plan(spec, family, base, tokens_per_step, seq_len, points, train_tokens)
+    by_id = {p.point_id: p for p in points}
+    for p in points:
+        if p.branch_of:
+            p.branch_from = by_id[p.branch_of].name
+    plan.points = points
 
 
 def wsd_decay_start(total_steps: int, decay_fraction: float, warmup_steps: int) -> int:
@@ -548,7 +670,18 @@ def _isoflop_points(spec: SweepSpec, family: FamilyConfig, base: dict[str, Any],
         try:
             shapes.append(shape_for(t, family, base, spec.n_convention))
         except ValueError as e:
+            if spec.clip_sizes and "too small" in str(e):
+                continue
             raise ValueError(f"budget C={budget:.3g} (variant {label}): {e}") from None
+    if spec.clip_sizes:
+        unique: dict[tuple[int, int], ModelConfig] = {}
+        for cfg in shapes:
+            unique.setdefault((cfg.n_layers, cfg.d_model), cfg)
+        shapes = sorted(unique.values(), key=lambda c: _n_of(c, spec.n_convention))
+        if len(shapes) < 3:
+            raise ValueError(f"budget C={budget:.3g} (variant {label}): sweep.clip_sizes left "
+                             f"{len(shapes)} sizes (< 3, no parabola); raise the budget or "
+                             "sweep.size_span")
     keys = [(s.n_layers, s.d_model) for s in shapes]
     if len(set(keys)) != len(keys):
         raise ValueError(

@@ -113,12 +113,12 @@ def _band(vf: VariantFit, prefix: str, which: str, cgrid: np.ndarray, ci: float)
         p = b[cols].dropna().to_numpy()
         if len(p) < 2:
             return None
-        _, A, B, al, be = p.T
-        g = (al * A / (be * B)) ** (1 / (al + be))
-        if which == "n":
-            ys = g[:, None] * (cgrid[None] / 6) ** (be / (al + be))[:, None]
-        else:
-            ys = (cgrid[None] / 6) ** (al / (al + be))[:, None] / g[:, None]
+        from .fit import _law
+
+        fpt = vf.flops_per_token
+        laws = [_law(dict(zip(("E", "A", "B", "alpha", "beta"), row, strict=True))) for row in p]
+        ys = np.array([law.n_opt_under(cgrid, fpt) if which == "n" else law.d_opt_under(cgrid, fpt)
+                       for law in laws])
     else:
         e, k = f"{prefix}.{'a' if which == 'n' else 'b'}", f"{prefix}.{which}_coef"
         if b.empty or e not in b or k not in b:
@@ -146,9 +146,10 @@ def plot_frontier(vf: VariantFit, path: Path, ci: float = 0.95) -> Path:
             fit = getattr(vf, prefix)
             if fit is None:
                 continue
-            if prefix == "approach3":
-                line = fit.n_opt(cgrid) if which == "n" else fit.d_opt(cgrid)
-                lab = f"{label}: exp={fit.a if which == 'n' else fit.b:.3f}"
+            if prefix == "approach3":  # the data's FLOPs convention, as everywhere else
+                fpt = vf.flops_per_token
+                line = fit.n_opt_under(cgrid, fpt) if which == "n" else fit.d_opt_under(cgrid, fpt)
+                lab = f"{label}: exp={fit.a_under(fpt) if which == 'n' else fit.b_under(fpt):.3f}"
             else:
                 law = fit.n_opt if which == "n" else fit.d_opt
                 line, lab = law(cgrid), f"{label}: exp={law.exponent:.3f}"
@@ -219,10 +220,37 @@ def _published_table(vf: VariantFit) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _noise_md(vf: VariantFit, results: ScalingResults) -> list[str]:
+    """Seed spread and held-out standard error, and which bootstrap they feed."""
+    r = vf.runs
+    out = ["### Noise", ""]
+    se = r["loss_se"].dropna() if "loss_se" in r else pd.Series(dtype=float)
+    if len(se):
+        rel = (r["loss_se"] / r["loss"]).dropna()
+        out.append(f"- Held-out standard error of each point's loss (one fixed token set for every "
+                   f"point): median {rel.median():.3%} of the loss, max {rel.max():.3%}.")
+    if vf.boot_mode == "replicates":
+        sd = (r["loss_sd"] / r["loss"]).dropna()
+        out.append(f"- Seed spread: {int(r['n_rep'].min())}-{int(r['n_rep'].max())} seeds per "
+                   f"point; the standard deviation across seeds is median {sd.median():.3%}, max "
+                   f"{sd.max():.3%} of the loss. The fits use each point's mean over its seeds; "
+                   f"the {results.options.n_boot} bootstrap replicates resample each point's "
+                   "seeds (fixed design: the same points, their noise measured, not assumed).")
+    else:
+        out.append("- One seed per point: the bootstrap resamples points within each budget "
+                   "(Approach 2) or over all points (Approach 3). Use sweep.seeds=K to measure "
+                   "the seed noise instead.")
+    return [*out, ""]
+
+
 def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) -> list[str]:
     out = [f"## Variant `{vf.variant}`" if len(results.variants) > 1 else "## Fit", ""]
     for name, file in plots.items():
         out += [f"![{name}]({file})", ""]
+    out += ["### Points each approach used", ""]
+    out += [f"- Approach {k}: {why}" for k, why in sorted(vf.used.items())]
+    out += [f"- Approach {k}: **skipped** — {why}" for k, why in sorted(vf.skipped.items())]
+    out += ["", *_noise_md(vf, results)]
     out += ["### Runs", "", _md_table(vf.runs.drop(columns=["variant"]).assign(
         tokens_per_param=vf.runs["D"] / vf.runs["N"])), ""]
     out += ["### Fitted parameters", "",
@@ -259,7 +287,23 @@ def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) 
     return out
 
 
-def write_report(results: ScalingResults, out_dir, plan=None) -> list[Path]:
+def _tune_md(tune, out: Path) -> list[str]:
+    """The tune stage: its plot (copied next to the report), the law and the per-size optima."""
+    import shutil
+
+    law = tune.law
+    shutil.copy(tune.plot, out / "tune.png")
+    sizes = law.sizes[["N", "budget", "lr_opt", "loss_opt", "n_lrs", "flagged", "reason"]]
+    return ["## Hyperparameters per size (tune stage)", "",
+            f"An lr grid (factors {sorted(tune.runs['lr_factor'].unique().tolist())} of the rule's "
+            f"lr) at {len(sizes)} sizes; per size a parabola in log lr gives lr*; a power law over "
+            f"the sizes gives **lr\\*(N) = {law.coef:.4g} · N^{law.exponent:.3f}**, which set the lr "
+            "of every point of the study (Porian et al. 2024).", "",
+            "![tune stage](tune.png)", "", _md_table(sizes), ""]
+
+
+def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
+                 runs_detail=None) -> list[Path]:
     """Write PNG plots and ``report.md`` into out_dir; return the written paths.
 
     ``plan``: optional DataFrame (or records) of the sweep plan, shown as the first table.
@@ -272,9 +316,21 @@ def write_report(results: ScalingResults, out_dir, plan=None) -> list[Path]:
     md += [f"Conventions: N = {opts.n_convention} parameters, FLOPs = {opts.flops_convention}; "
            f"approaches {', '.join(map(str, opts.approaches))}; reference compute "
            f"C = {results.reference_compute:.3g}.", ""]
+    fpts = "; ".join(f"`{v.variant}`: fpt(N) ≈ {v.flops_per_token.k:.3g} · N^{v.flops_per_token.p:.3f}"
+                     for v in results.variants.values())
+    md += ["**One FLOPs convention throughout.** C = fpt(N) · D, where fpt is each run's own "
+           "training FLOPs per token (" + ("6N + 12·L·T·d: the matmuls, last layer included, plus "
+           "attention" if opts.flops_convention == "attention" else "6N") + "), summarised as a "
+           f"power law fitted to the runs ({fpts}). The budgets, Approach 2's D_opt = C / fpt(N_opt) "
+           "and Approach 3's compute-optimal allocation (N_opt, D_opt, a, b, tokens per parameter, "
+           "optimal loss, the hold-out check and the variants' compute multipliers) all use it; "
+           "none uses 6ND unless the data do.", ""]
     md += [f"- note: {n}" for n in results.notes] + ([""] if results.notes else [])
     if plan is not None:
         md += ["## Plan", "", _md_table(pd.DataFrame(plan)), ""]
+    if tune is not None:
+        md += _tune_md(tune, out)
+        written.append(out / "tune.png")
     for vf in results.variants.values():
         sfx = _suffix(results, vf)
         plots: dict[str, str] = {}
@@ -293,8 +349,44 @@ def write_report(results: ScalingResults, out_dir, plan=None) -> list[Path]:
                f"Each variant against `{next(iter(results.variants))}`. loss_ratio = predicted compute-optimal "
                f"loss (Approach 3) at C = {results.reference_compute:.3g}, variant / baseline, with a "
                f"bootstrap interval; < 1 means the variant is better there. `significant`: the interval "
-               f"excludes 1.", "", _md_table(results.comparison), ""]
+               f"excludes 1. `compute_multiplier` = C' / C where the baseline's compute-optimal loss "
+               f"at C' equals the variant's at C = {results.reference_compute:.3g} (Approach 3, the "
+               f"data's FLOPs convention): how much more compute the baseline needs for the "
+               f"variant's loss (> 1: the variant is better), with its bootstrap interval.", "",
+               _md_table(results.comparison), ""]
     path = out / "report.md"
     atomic_write_text(path, "\n".join(md))
     written.append(path)
+    written.append(write_html(path))
     return written
+
+
+HTML_STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+              "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;"
+              "padding:2px 6px;text-align:right}img{max-width:100%}")
+
+
+def write_html(md_path: Path) -> Path:
+    """report.html next to report.md, every image embedded as a data URI: the MLflow artifact
+    viewer renders HTML but not a Markdown file's relative images."""
+    import base64
+    import re
+
+    from markdown_it import MarkdownIt  # comes with rich
+
+    folder = md_path.parent
+
+    def embed(m: re.Match) -> str:
+        img = folder / m.group(2)
+        if not img.is_file():
+            return m.group(0)
+        data = base64.b64encode(img.read_bytes()).decode()
+        return f"![{m.group(1)}](data:image/png;base64,{data})"
+
+    text = re.sub(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)", embed, md_path.read_text())
+    body = MarkdownIt("commonmark").enable("table").render(text)
+    html = (f"<!doctype html><html><head><meta charset='utf-8'><title>Scaling-law report</title>"
+            f"<style>{HTML_STYLE}</style></head><body>{body}</body></html>")
+    out = md_path.with_suffix(".html")
+    out.write_text(html)
+    return out

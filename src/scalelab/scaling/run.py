@@ -57,6 +57,9 @@ class RunSettings:
     run_overhead_s: float = 8.0
     fit: bool = True
     bootstrap: int = 200
+    # every point's final loss on one fixed set of this many validation tokens (0: off, the
+    # fits use each run's own final/val_loss); see scaling/heldout.py
+    heldout_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -67,6 +70,10 @@ class RunSettings:
             # the folder is sweeps/<name>: "..", "../x" or ".x" would leave or hide it
             raise ValueError(f"sweep.name={self.name!r}: a folder-safe name (no / , = or spaces, "
                              "not starting with a dot)")
+        if isinstance(self.heldout_tokens, bool) or int(self.heldout_tokens) < 0:
+            raise ValueError(f"sweep.heldout_tokens={self.heldout_tokens!r}: a token count >= 0 "
+                             "(0 turns the fixed held-out evaluation off)")
+        self.heldout_tokens = int(self.heldout_tokens)
         if self.val_evals < 1 or self.val_batches < 1:
             raise ValueError("sweep.val_evals and sweep.val_batches must be >= 1")
         self.train_overrides = [str(o) for o in self.train_overrides]
@@ -119,6 +126,7 @@ class BaseRun:
     artifact_root: Optional[str]  # noqa: UP045
     root: Path
     accelerator: str
+    val_tokens: Any = None  # the validation split's tokens (memmap), for the held-out set
 
 
 def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
@@ -132,7 +140,7 @@ def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
         raise ValueError(f"sweep.train_overrides {train_overrides}: {e}") from None
     spec = build_spec(cfg)
     root = Path(str(cfg.paths.root))
-    vocab, train_tokens = spec.model.vocab_size, None
+    vocab, train_tokens, val_tokens = spec.model.vocab_size, None, None
     if spec.objective != "seq2seq":
         from scalelab.data import prepare
 
@@ -140,6 +148,7 @@ def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
                            progress=progress)
         vocab = prepared.vocab_size
         train_tokens = len(prepared.tokens("train"))
+        val_tokens = prepared.tokens("val")
     spec.with_vocab(vocab)  # validates
     # the fields as configured (n_kv_heads/d_ff may be null = derived), with the real vocab
     model_fields = dict(spec.model_fields, vocab_size=spec.model_fields.get("vocab_size") or vocab)
@@ -152,7 +161,7 @@ def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
     return BaseRun(cfg, model_fields, spec.batch.tokens_per_step, spec.batch.micro_batch,
                    spec.block_size, train_tokens, uri,
                    str(cfg.logger.artifact_root) if cfg.logger.artifact_root else None, root,
-                   str(cfg.trainer.accelerator))
+                   str(cfg.trainer.accelerator), val_tokens)
 
 
 def build_plan(spec: SweepSpec, family: FamilyConfig, settings: RunSettings,
@@ -189,7 +198,7 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
     val_every = max(1, p.steps // settings.val_evals)
     d: dict[str, Any] = {f"model.{k}": v for k, v in p.model_overrides.items()}
     d |= {
-        "run_name": f"{settings.name}_{p.name}",
+        "run_name": p.label,
         "train.max_steps": p.steps,
         "train.max_tokens": p.tokens,
         "train.val_every": val_every,
@@ -203,6 +212,8 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
         "logger.parent_run_id": parent_run_id,
         "paths.output_dir": str(sweep_dir / "runs" / p.name),
     }
+    if p.replicate:  # seed replicates: the configured seed + replicate (replicate 0 keeps it)
+        d["seed"] = int(base.cfg.seed) + p.replicate
     d |= p.optim_overrides(spec.min_lr_ratio, spec.beta2)
     if p.save_at_steps:  # WSD main run: stable-phase checkpoints for its cooldown branches
         d["train.save_at_steps"] = list(p.save_at_steps)
@@ -216,7 +227,10 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
 def point_tags(p: PlanPoint, settings: RunSettings) -> dict[str, str]:
     tags = {"sweep_point_id": p.point_id, "sweep_point": p.name, "sweep_name": settings.name,
             "sweep_budget": f"{p.budget:.6g}", "sweep_variant": p.variant,
-            "sweep_size_index": str(p.size_index)}
+            "sweep_size_index": str(p.size_index), "sweep_group_id": p.group_id or p.point_id,
+            "sweep_replicate": str(p.replicate), "sweep_stage": p.stage}
+    if p.stage == "tune":
+        tags["sweep_lr_factor"] = f"{p.lr_factor:g}"
     if p.branch_of:
         tags |= {"wsd_branch_of": p.branch_of, "wsd_start_step": str(p.start_step)}
     return tags
@@ -267,8 +281,10 @@ class SweepRunner:
 
     def __init__(self, plan: Plan, spec: SweepSpec, settings: RunSettings, base: BaseRun,
                  sweep_dir: Path, parent: Any, echo: Callable[[str], None] = print,
-                 poll_s: float = 3.0) -> None:
+                 poll_s: float = 3.0,
+                 on_finished: Optional[Callable[[PlanPoint, Any], None]] = None) -> None:  # noqa: UP045
         self.plan, self.spec, self.settings, self.base = plan, spec, settings, base
+        self.on_finished = on_finished  # e.g. the held-out evaluation, while the others train
         self.sweep_dir, self.parent, self.echo, self.poll_s = sweep_dir, parent, echo, poll_s
         self.conf_dir = sweep_dir / "conf"
         self.experiment = settings.experiment_name or f"sweep_{settings.name}"
@@ -463,9 +479,11 @@ class SweepRunner:
                 out.finished.append(p.name)
                 loss = c.metrics.get("final/val_loss", float("nan"))
                 wall = (c.end_time - c.start_time) / 1000 if c.end_time else float("nan")
-                self.echo(f"  ✓ {p.name}  C={p.budget:.2g}  N={p.n_params_matmul:>10,}  "
+                self.echo(f"  ✓ {p.label:<24} C={p.budget:.2g}  N={p.n_params_matmul:>10,}  "
                           f"D={p.tokens:>12,}  val loss {loss:.4f}  {wall:5.0f} s  "
                           f"[{len(self._seen)}/{self._total}]")
+                if self.on_finished is not None:
+                    self.on_finished(p, c)
             elif c.status in ("FAILED", "KILLED", "FINISHED"):
                 self._seen.add(p.name)
                 why = c.status if c.status != "FINISHED" else f"FINISHED, final val loss {c.final_loss}"
@@ -476,6 +494,42 @@ class SweepRunner:
 def _touched_since(c: Any, started: float) -> bool:
     """Started or ended during this launch (a resumed child keeps its old start time)."""
     return max(c.start_time, c.end_time or 0) >= started * 1000 - 1000
+
+
+class HeldoutScorer:
+    """Scores each finished point's final checkpoint on the sweep's fixed held-out set and
+    logs final/heldout_loss, _se and _tokens to the point's own MLflow run."""
+
+    def __init__(self, parent: Any, sweep_dir: Path, heldout: Any,
+                 echo: Callable[[str], None] = print) -> None:
+        self.parent, self.sweep_dir, self.heldout, self.echo = parent, sweep_dir, heldout, echo
+        self.scored = 0
+
+    def __call__(self, p: PlanPoint, child: Any) -> None:
+        from scalelab.scaling.heldout import HELDOUT_KEYS, evaluate_checkpoint
+
+        if HELDOUT_KEYS[0] in child.metrics:
+            return
+        ckpt = self.sweep_dir / "runs" / p.name / "checkpoints" / "last.ckpt"
+        if not ckpt.is_file():
+            self.echo(f"  [yellow]{p.label}: no {ckpt}; its fits use final/val_loss[/yellow]")
+            return
+        m = evaluate_checkpoint(ckpt, self.heldout)
+        for k, v in m.items():
+            self.parent.client.log_metric(child.run_id, k, v)
+        child.metrics.update(m)
+        self.scored += 1
+        self.echo(f"    held-out {p.label}: {m[HELDOUT_KEYS[0]]:.4f} ± {m[HELDOUT_KEYS[1]]:.4f} "
+                  f"({m[HELDOUT_KEYS[1]] / m[HELDOUT_KEYS[0]]:.2%}) on {m[HELDOUT_KEYS[2]]:,.0f} tokens")
+
+    def score_all(self, points: list[PlanPoint]) -> None:
+        """Every finished point not scored yet (e.g. trained by an earlier invocation)."""
+        from scalelab.scaling.collect import latest_finished
+
+        done = latest_finished(self.parent.children())
+        for p in points:
+            if p.point_id in done:
+                self(p, done[p.point_id])
 
 
 def _error_line(log_path: Path, point: str) -> str:
@@ -523,31 +577,10 @@ def save_plan(plan: Plan, sweep_dir: Path, estimates: Optional[list[float]] = No
 
 def fit_sweep(runs: Any, curves: Any, n_convention: str, flops_convention: str, n_boot: int,
               source: str) -> tuple[Any, list[str]]:
-    """Fit every approach the data allows: (ScalingResults or None, notes on what was left out).
+    """Fit every approach the data allows: (ScalingResults or None, notes on what was left out)."""
+    from scalelab.scaling.fit import fit_available
+    from scalelab.scaling.fit_data import FitOptions
 
-    Each approach is first tried alone without bootstrap; the ones that fit go into one final
-    fit with bootstrap intervals and the extrapolation check.
-    """
-    from scalelab.scaling.fit import fit_scaling_laws
-    from scalelab.scaling.fit_data import FitInputError, FitOptions
-
-    notes, ok = [], []
-    for a in (1, 2, 3):
-        try:
-            fit_scaling_laws(runs, curves, FitOptions(
-                n_convention=n_convention, flops_convention=flops_convention, approaches=(a,),
-                n_boot=0, extrapolate=False), source=source)
-            ok.append(a)
-        except (FitInputError, ValueError, np_linalg_error()) as e:
-            notes.append(f"Approach {a} left out: {e}")
-    if not ok:
-        return None, notes
-    opts = FitOptions(n_convention=n_convention, flops_convention=flops_convention,
-                      approaches=tuple(ok), n_boot=n_boot)
-    return fit_scaling_laws(runs, curves, opts, source=source), notes
-
-
-def np_linalg_error() -> type[Exception]:
-    import numpy as np
-
-    return np.linalg.LinAlgError
+    return fit_available(runs, curves, FitOptions(n_convention=n_convention,
+                                                  flops_convention=flops_convention,
+                                                  n_boot=n_boot), source=source)

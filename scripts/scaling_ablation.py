@@ -1,0 +1,63 @@
+"""Which noise control changed a study's precision most? Refit one sweep's runs.csv with one
+factor taken away at a time and print the 95 % CI half-widths the issue's targets are about.
+
+    python scripts/scaling_ablation.py sweeps/cpu_medium/runs.csv [--n-boot 200]
+
+Rows: the full study; the in-training validation loss instead of the fixed held-out set (eval
+size); one seed instead of all (seeds, when the sweep has replicates); every other budget
+dropped (budgets). Tuning cannot be taken away from finished runs: compare with a sweep run
+with sweep.tune_lr_factors=[] (see docs/scaling-study.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pandas as pd
+
+from scalelab.scaling.fit import fit_available
+from scalelab.scaling.fit_data import FitOptions
+
+
+def summary(runs: pd.DataFrame, n_boot: int) -> dict[str, str]:
+    res, _ = fit_available(runs, None, FitOptions(n_boot=n_boot, approaches=[2, 3]))
+    if res is None:
+        return {"a (A2)": "no fit"}
+    vf = next(iter(res.variants.values()))
+    out = {}
+    for label, key in (("a (A2)", "approach2.a"), ("a (A3)", "approach3.a"),
+                       ("alpha (A3)", "approach3.alpha"), ("beta (A3)", "approach3.beta")):
+        e = vf.estimates.get(key)
+        out[label] = "—" if e is None else f"{e.value:.3f} ±{(e.hi - e.lo) / 2:.3f}"
+    ex = vf.extrapolation
+    out["hold-out error"] = "—" if ex is None else f"{ex.rel_error:+.2%}"
+    out["points"] = str(len(vf.runs))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs_csv")
+    ap.add_argument("--n-boot", type=int, default=200)
+    args = ap.parse_args()
+    runs = pd.read_csv(args.runs_csv)
+    runs = runs[runs.get("stage", "main") == "main"] if "stage" in runs else runs
+    cases = {"full study": runs}
+    if "val_loss" in runs and runs["val_loss"].notna().all():
+        cases["eval: in-training val loss"] = runs.assign(loss=runs["val_loss"], loss_se=np.nan)
+    if "replicate" in runs and runs["replicate"].nunique() > 1:
+        cases["seeds: replicate 0 only"] = runs[runs["replicate"] == 0]
+    budgets = np.sort(runs["budget"].unique())
+    if len(budgets) >= 5:
+        cases["budgets: every other one"] = runs[runs["budget"].isin(budgets[::2])]
+    rows = [{"case": name, **summary(df, args.n_boot)} for name, df in cases.items()]
+    table = pd.DataFrame(rows)
+    try:
+        print(table.to_markdown(index=False))
+    except ImportError:  # to_markdown needs the optional tabulate package
+        print(table.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""One fixed held-out token set for every point of a study, and its standard error.
+
+Each point's in-training validation uses ``val_batches x micro_batch`` windows, so it depends on
+the batch and is small (its noise was a large part of the spread of ``make sweep``'s fits).
+Here every finished point's final checkpoint is scored, in the sweep process, on the same
+``heldout_tokens`` tokens of the validation split: non-overlapping windows spread evenly over
+the split. The standard error is the spread of the per-window mean losses over sqrt(windows)
+(windows, not tokens, are the independent units: tokens of one window are correlated).
+
+Only torch and the model are imported here (lazily): no MLflow (the caller logs the numbers).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HELDOUT_KEYS = ("final/heldout_loss", "final/heldout_se", "final/heldout_tokens")
+
+
+@dataclass
+class HeldoutSet:
+    windows: np.ndarray  # int64 [n_windows, block + 1]
+
+    @property
+    def n_tokens(self) -> int:
+        """Predicted tokens: block tokens per window."""
+        return int(self.windows.shape[0] * (self.windows.shape[1] - 1))
+
+    @classmethod
+    def from_tokens(cls, tokens: np.ndarray, block: int, n_tokens: int) -> HeldoutSet:
+        """``n_tokens // block`` non-overlapping windows spread evenly over ``tokens``."""
+        n_windows = max(2, int(n_tokens) // int(block))
+        stride = len(tokens) // n_windows
+        if stride < block + 1:
+            fit = len(tokens) // (block + 1)
+            raise ValueError(
+                f"sweep.heldout_tokens={n_tokens:,}: the validation split holds only "
+                f"{len(tokens):,} tokens, room for {fit:,} windows of {block + 1} "
+                f"(~{fit * block:,} tokens); lower sweep.heldout_tokens or use more data")
+        starts = np.arange(n_windows, dtype=np.int64) * stride
+        idx = starts[:, None] + np.arange(block + 1, dtype=np.int64)[None]
+        return cls(np.asarray(tokens[idx], dtype=np.int64))
+
+
+def window_losses(model: Any, windows: np.ndarray, batch: int = 64) -> np.ndarray:
+    """Mean next-token cross-entropy (nats) of each window."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    model.eval()
+    with torch.inference_mode():
+        for i in range(0, len(windows), batch):
+            x = torch.from_numpy(windows[i:i + batch])
+            logits = model(x[:, :-1])
+            ce = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten(),
+                                 reduction="none").view(x.shape[0], -1)
+            out.append(ce.mean(dim=1).double().numpy())
+    return np.concatenate(out)
+
+
+def loss_and_se(per_window: np.ndarray) -> tuple[float, float]:
+    """Mean of equal-length windows (= the token mean) and its standard error."""
+    w = np.asarray(per_window, float)
+    se = float(w.std(ddof=1) / math.sqrt(len(w))) if len(w) > 1 else float("nan")
+    return float(w.mean()), se
+
+
+def load_model(ckpt_path: Path) -> Any:
+    """The Transformer of a scalelab checkpoint (weights only: no pickled code runs)."""
+    import torch
+
+    from scalelab.model import Transformer
+    from scalelab.model.config import ModelConfig
+
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    cfg = (ckpt.get("scalelab_run") or {}).get("model_config") or \
+        ckpt.get("hyper_parameters", {}).get("model_cfg")
+    if not cfg:
+        raise ValueError(f"{ckpt_path}: no model config in the checkpoint")
+    model = Transformer(ModelConfig.from_dict(dict(cfg)))
+    sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()
+          if k.startswith("model.")}
+    model.load_state_dict(sd)
+    return model
+
+
+def evaluate_checkpoint(ckpt_path: Path, heldout: HeldoutSet, threads: int = 1) -> dict[str, float]:
+    """{final/heldout_loss, final/heldout_se, final/heldout_tokens} of one checkpoint."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        loss, se = loss_and_se(window_losses(load_model(ckpt_path), heldout.windows))
+    finally:
+        torch.set_num_threads(old)
+    return dict(zip(HELDOUT_KEYS, (loss, se, float(heldout.n_tokens)), strict=True))
+
+
+def tokens_for_target(se: float, loss: float, n_tokens: int, target: float = 0.002) -> int:
+    """Held-out tokens that would bring se / loss to ``target`` (se falls as 1/sqrt(tokens))."""
+    if not (se > 0 and loss > 0):
+        return n_tokens
+    return math.ceil(n_tokens * (se / (target * loss)) ** 2)

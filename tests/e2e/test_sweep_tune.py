@@ -1,0 +1,63 @@
+"""End to end: a cpu_tiny sweep with the tune stage, seed replicates and the fixed held-out set,
+through a real `scalelab-sweep` process and a real MLflow (SQLite) store. Kept lean: one budget,
+2 sizes x 2 seeds after a 2-size x 3-lr grid (10 tiny runs, two at a time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_tune_stage_seeds_and_heldout(tmp_path):
+    e = dict(os.environ, SCALELAB_ROOT=str(tmp_path), PYTHONUNBUFFERED="1",
+             MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlruns.db")
+    args = ["sweep=cpu_tiny", "sweep.budgets=[1e10]", "sweep.sizes_per_budget=2",
+            "sweep.tune_lr_factors=[0.5,1,2]", "sweep.tune_sizes=2", "sweep.seeds=2",
+            "sweep.heldout_tokens=8192", "sweep.val_evals=1", "sweep.fit=false",
+            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    p = subprocess.run([sys.executable, "-m", "scalelab.cli.sweep", *args], env=e, cwd=REPO,
+                       capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "tune stage: lr*(N) =" in p.stdout
+
+    client = MlflowClient(e["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("sweep_cpu_tiny")
+    runs = client.search_runs([exp.experiment_id], "", run_view_type=ViewType.ACTIVE_ONLY)
+    parent = next(r for r in runs if r.data.tags.get("scalelab.sweep_role") == "parent")
+    kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    tune = [k for k in kids if k.data.tags.get("sweep_stage") == "tune"]
+    main = [k for k in kids if k.data.tags.get("sweep_stage") == "main"]
+    assert len(tune) == 6 and len(main) == 4  # tuning runs are children of the same parent
+    assert {k.info.status for k in kids} == {"FINISHED"}
+    for k in kids:  # one fixed held-out set for every point, with its standard error
+        m = k.data.metrics
+        assert m["final/heldout_tokens"] == 8192 and 0 < m["final/heldout_se"] < 0.1 * m["final/heldout_loss"]
+    # seeds: two replicates per point, same group, different seeds, names from budget and size
+    groups: dict[str, list] = {}
+    for k in main:
+        groups.setdefault(k.data.tags["sweep_group_id"], []).append(k)
+    assert sorted(len(g) for g in groups.values()) == [2, 2]
+    for g in groups.values():
+        assert {k.data.tags["sweep_replicate"] for k in g} == {"0", "1"}
+        assert len({k.data.params["seed"] for k in g}) == 2
+        names = sorted(k.info.run_name for k in g)
+        assert names[0].startswith("C1e10-N") and names[1] == names[0] + "-s1"
+    assert all(k.info.run_name.startswith("tune-C1e10-N") for k in tune)
+    # the fitted law set every point's lr, and the plan, grid runs and law are in MLflow
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id, "tune")}
+    assert {"tune/law.json", "tune/tune.png", "tune/runs.csv", "tune/plan.csv"} <= arts
+    law = json.loads((tmp_path / "sweeps" / "cpu_tiny" / "tune" / "law.json").read_text())
+    assert float(parent.data.tags["lr_law_coef"]) == pytest.approx(law["coef"], rel=1e-5)
+    for k in main:
+        n = float(k.data.params["n_params_matmul"])
+        assert float(k.data.params["lr"]) == pytest.approx(law["coef"] * n ** law["exponent"], rel=1e-4)
