@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from scalelab.cli import (
     hydra_ddp,
     schema,  # noqa: F401  (registers train_schema and the resolvers)
+    trainer_args,
 )
 from scalelab.cli.spec import RunSpec, build_spec
 from scalelab.tracking import conf_dir, is_global_zero
@@ -87,6 +88,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     rank0 = is_global_zero()
     spec = build_spec(cfg)  # every config error surfaces here, before any IO
     _check_branch_keys(cfg, spec)
+    trainer_args.check(cfg)  # +trainer.<any Lightning arg>, +callbacks.<name>={_target_: ...}
 
     out_dir = _output_dir(cfg)
     cfg.paths.output_dir = str(out_dir)  # the saved config names the folder actually used
@@ -306,16 +308,23 @@ def _start_tracker(cfg: DictConfig, spec: RunSpec, uri: Optional[str],  # noqa: 
     })
     tags.update({str(k): str(v) for k, v in (cfg.tags or {}).items()})
     assert uri is not None
-    return Tracker.start(
+    from scalelab.cli import naming
+
+    run_name, name_tags = naming.resolve(cfg)  # experiment + overrides; <name>-<job> in a multirun
+    tags.update(name_tags)
+    multirun_parent = None if resume_run_id else naming.multirun_parent(cfg, uri)
+    tracker = Tracker.start(
         tracking_uri=uri,
         experiment_name=str(cfg.logger.experiment_name),
-        run_name=str(cfg.run_name),
+        run_name=run_name,
         tags=tags,
         artifact_root=cfg.logger.artifact_root,
-        parent_run_id=cfg.logger.parent_run_id,
+        parent_run_id=cfg.logger.parent_run_id or multirun_parent,
         resume_run_id=resume_run_id,
         probe_timeout=float(cfg.logger.probe_timeout),
     )
+    tracker.multirun_parent_id = multirun_parent
+    return tracker
 
 
 def _params(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, Any]) -> dict[str, Any]:
@@ -412,6 +421,7 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
 
         cbs.append(StepCheckpoints(out_dir / "checkpoints", list(cfg.train.save_at_steps)))
     cbs.extend(training_callbacks(cfg, spec, model_cfg, data))
+    cbs.extend(trainer_args.user_callbacks(cfg))
     return cbs
 
 
@@ -449,6 +459,7 @@ def _trainer_kwargs(cfg: DictConfig, spec: RunSpec, tracker: Any, callbacks: lis
         "logger": tracker.lightning_logger(),
         "callbacks": callbacks,
         "default_root_dir": str(out_dir),
+        **trainer_args.extra_trainer_kwargs(cfg),  # any other Lightning argument (+trainer.X=...)
     }
 
 
@@ -508,10 +519,12 @@ def _finish(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, Any]
         "final/mfu": mfu,
         "final/fit_seconds": fit_seconds,
     }
-    for k, v in cm.items():  # e.g. val/exact_match from the seq2seq module
-        if k.startswith("val/") and f"final/{k[4:]}" not in final:
+    for k, v in cm.items():  # e.g. val/exact_match from the seq2seq module (not val/loss again)
+        if k.startswith("val/") and f"final/{k[4:]}" not in final and f"final/val_{k[4:]}" not in final:
             final[f"final/{k[4:]}"] = v
-    tracker.log_metrics({k: v for k, v in final.items() if v is not None}, step=step)
+    from scalelab.cli.final import record_final
+
+    record_final(tracker, final)  # tags + a table artifact, not one-point metric charts
     if sample:
         (out_dir / "sample.txt").write_text(sample)
         tracker.log_text(sample, "sample.txt")

@@ -23,6 +23,14 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout.strip()
 
 
+def source_tree() -> Path | None:
+    """The checkout holding this package (``<repo>/src/scalelab``), None for an installed wheel."""
+    pkg = Path(scalelab.__file__).resolve().parent
+    if pkg.parent.name == "src" and (pkg.parent.parent / "pyproject.toml").is_file():
+        return pkg.parent.parent
+    return None
+
+
 def run_tags(root: Path) -> dict[str, str]:
     """git commit + dirty flag, the command line, scalelab version, host and user."""
     tags = {
@@ -34,6 +42,9 @@ def run_tags(root: Path) -> dict[str, str]:
     }
     with contextlib.suppress(Exception):  # no passwd entry in some containers
         tags["mlflow.user"] = getpass.getuser()
+    # git facts come from the source tree the code runs from, never from the output root
+    # (SCALELAB_ROOT may sit outside any repo); a wheel install has none, and records none.
+    root = source_tree() or root
     commit = _git(root, "rev-parse", "HEAD")
     if commit:
         tags["git.commit"] = commit

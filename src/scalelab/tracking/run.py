@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from pytorch_lightning.loggers import MLFlowLogger
@@ -29,6 +29,10 @@ from scalelab.tracking.store import (
 
 log = logging.getLogger(__name__)
 MAX_PARAM_LEN = 6000  # mlflow's limit for a param value
+# The MLflow 3 UI opens an experiment in GenAI mode (traces, assistant) unless this tag says it
+# holds model training runs; the value is the UI's ExperimentKind.CUSTOM_MODEL_DEVELOPMENT.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 # Keep alembic's migration chatter and mlflow's info lines out of the training output.
 for _name in ("alembic", "mlflow", "mlflow.store", "mlflow.tracking"):
     logging.getLogger(_name).setLevel(logging.WARNING)
@@ -76,6 +80,10 @@ class _RunLogger(MLFlowLogger):
         return None
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        # Lightning adds `epoch` to every logged dict; runs are step-based, so it is noise.
+        metrics = {k: v for k, v in metrics.items() if k != "epoch"}
+        if not metrics:
+            return
         if step is not None and self._skip_until:
             metrics = {k: v for k, v in metrics.items() if step > self._skip_until.get(k, -1)}
             if not metrics:
@@ -105,6 +113,7 @@ class Tracker:
                     self._skip_until[key] = max(m.step for m in history)
         self._system_monitor: Any = None
         self._ended = False
+        self.multirun_parent_id: str | None = None  # set for --multirun jobs (tracking/multirun.py)
 
     # --- creation ------------------------------------------------------------------------
     @classmethod
@@ -169,8 +178,9 @@ class Tracker:
             self.client.log_batch(self.run_id, metrics=items)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, str(value))
+        items = [RunTag(str(k), str(v)) for k, v in tags.items()]
+        if items:
+            self.client.log_batch(self.run_id, tags=items)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
@@ -202,6 +212,9 @@ class Tracker:
                 self._system_monitor.finish()
         RunStatus.from_string(status)  # validates the name
         self.client.set_terminated(self.run_id, status)
+        if self.multirun_parent_id:  # the multirun's parent shows its latest job's outcome
+            with contextlib.suppress(Exception):
+                self.client.set_terminated(self.multirun_parent_id, status)
 
     @contextlib.contextmanager
     def status_guard(self) -> Iterator[None]:
@@ -232,10 +245,14 @@ def _get_or_create_experiment(
                 f"logger.experiment_name={name!r} is a deleted MLflow experiment in {uri}; "
                 "restore it in the UI or pick another name"
             )
+        if EXPERIMENT_KIND_TAG not in exp.tags:  # stores created before the tag existed
+            with contextlib.suppress(MlflowException):
+                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     try:
         return client.create_experiment(
-            name, artifact_location=experiment_artifact_location(uri, artifact_root, name)
+            name, artifact_location=experiment_artifact_location(uri, artifact_root, name),
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
         )
     except MlflowException:
         # Parallel sweep jobs race to create it: whoever lost reads the winner's.

@@ -10,7 +10,6 @@ import argparse
 import os
 import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +27,8 @@ def _free_port(preferred: int) -> int:
 
 
 def build_command(store: str, artifacts: Path, host: str, port: int, workers: int) -> list[str]:
-    mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+    mlflow_bin = (shutil.which("mlflow", path=str(Path(sys.executable).parent))
+                  or shutil.which("mlflow") or "mlflow")
     return [
         mlflow_bin, "server",
         "--backend-store-uri", store,
@@ -63,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(cmd))
         return 0
     args.artifacts.mkdir(parents=True, exist_ok=True)
-    try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 0
+    sys.stdout.flush()
+    # exec, not a child process: `kill <pid>` / Ctrl-C reach mlflow itself and free the port
+    os.execv(cmd[0], cmd)
+    return 0  # not reached
 
 
 if __name__ == "__main__":
