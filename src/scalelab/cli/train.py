@@ -116,6 +116,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     tracker = _start_tracker(cfg, spec, tracking_uri, resume_run_id, rank0)
     if rank0 and tracker.run_id:
         (out_dir / RUN_ID_FILE).write_text(tracker.run_id + "\n")
+    if rank0:
+        from scalelab.cli.banner import print_start
+
+        print_start(getattr(tracker, "run_name", None) or str(cfg.run_name), out_dir, tracker,
+                    model_cfg, spec, data, ckpt_path)
 
     try:
         summary = _tracked_run(cfg, spec, model_cfg, data, tracker, out_dir, ckpt_path, t_start)
@@ -250,6 +255,19 @@ def _quiet_lightning() -> None:
     # our IterableDataset streams are single-process and sized on purpose
     warnings.filterwarnings("ignore", message=r".*IterableDataset.*has `__len__` defined")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # Lightning only asks whether the DataLoader object is `_Stateful`; our DataModules save
+    # and restore the exact stream position themselves (DataModule.state_dict in
+    # data/datamodules.py, stored in every checkpoint), so a mid-epoch resume is exact.
+    warnings.filterwarnings("ignore", message=r".*dataloader is not resumable")
+    logging.captureWarnings(True)  # the warnings that remain reach train.log too
+    if logging.getLogger().handlers:
+        # Lightning imported before logging was configured keeps a private stderr handler;
+        # hand its records to the root logger (console + train.log) instead.
+        for name in ("pytorch_lightning", "lightning_fabric"):
+            lg = logging.getLogger(name)
+            for h in [h for h in lg.handlers if type(h) is logging.StreamHandler]:
+                lg.removeHandler(h)
+            lg.propagate = True
 
 
 def _torch_setup(cfg: DictConfig) -> None:
@@ -391,7 +409,7 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from scalelab.cli.callbacks import ProgressBar, RunState
+    from scalelab.cli.callbacks import RunState
     from scalelab.cli.modules import training_callbacks
 
     class _ValSteps(pl.Callback):
@@ -415,7 +433,9 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
             enable_version_counter=False,
         ))
     if cfg.trainer.enable_progress_bar:
-        cbs.append(ProgressBar(refresh_rate=int(cfg.callbacks.progress_bar.refresh_rate)))
+        from scalelab.cli.progress import progress_callback
+
+        cbs.append(progress_callback(cfg))  # tqdm on a TTY, one plain line per N steps otherwise
     if cfg.train.get("save_at_steps") and not cfg.trainer.fast_dev_run:
         from scalelab.cli.callbacks import StepCheckpoints
 
@@ -597,7 +617,7 @@ def _print_summary(cfg: DictConfig, s: dict[str, Any]) -> None:
     if s["run_id"]:
         ui = "make ui" if str(s["tracking_uri"]).startswith("sqlite") else s["tracking_uri"]
         out.append(f"compare runs in the MLflow UI: {ui}  (python -m scalelab.tracking.ui)")
-    print("\n".join(out), flush=True)
+    log.info("\n".join(out))  # console and train.log (Hydra job logging)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ class NullTracker:
     """Stands in on ranks > 0 and with ``logger=none``: same methods, no side effects."""
 
     run_id: str | None = None
+    run_name: str | None = None
     experiment_id: str | None = None
     tracking_uri: str | None = None
     resumed = False
@@ -104,6 +105,7 @@ class Tracker:
         self.resumed = resumed
         run = client.get_run(run_id)
         self.experiment_id = run.info.experiment_id
+        self.run_name: str | None = run.info.run_name
         self._existing_params = dict(run.data.params)
         self._skip_until: dict[str, int] = {}
         if resumed:
