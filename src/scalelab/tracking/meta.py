@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import scalelab
+from scalelab.tracking.root import source_checkout
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -21,14 +22,6 @@ def _git(root: Path, *args: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip()
-
-
-def source_tree() -> Path | None:
-    """The checkout holding this package (``<repo>/src/scalelab``), None for an installed wheel."""
-    pkg = Path(scalelab.__file__).resolve().parent
-    if pkg.parent.name == "src" and (pkg.parent.parent / "pyproject.toml").is_file():
-        return pkg.parent.parent
-    return None
 
 
 def run_tags(root: Path) -> dict[str, str]:
@@ -44,7 +37,7 @@ def run_tags(root: Path) -> dict[str, str]:
         tags["mlflow.user"] = getpass.getuser()
     # git facts come from the source tree the code runs from, never from the output root
     # (SCALELAB_ROOT may sit outside any repo); a wheel install has none, and records none.
-    root = source_tree() or root
+    root = source_checkout() or root
     commit = _git(root, "rev-parse", "HEAD")
     if commit:
         tags["git.commit"] = commit
