@@ -32,7 +32,7 @@ from scalelab.cli import (
     trainer_args,
 )
 from scalelab.cli.spec import RunSpec, build_spec
-from scalelab.tracking import conf_dir, is_global_zero
+from scalelab.tracking import is_global_zero
 from scalelab.tracking.store import TrackingServerUnreachable
 
 log = logging.getLogger("scalelab.train")
@@ -63,7 +63,7 @@ def main() -> None:
     _hydra_main()
 
 
-@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="train")
+@hydra.main(version_base="1.3", config_path="pkg://scalelab.conf", config_name="train")
 def _hydra_main(cfg: DictConfig) -> Optional[float]:  # noqa: UP045
     """Hydra task; returns the final val loss (what a Hydra sweeper would minimize)."""
     hydra_ddp.begin_job(cfg)  # scale-out: torchrun layout, one GPU per joblib job
