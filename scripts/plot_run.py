@@ -27,11 +27,12 @@ def main() -> None:
     summary = json.loads((args.run_dir / "summary.json").read_text())
     client = MlflowClient(summary["tracking_uri"])
     run_id = summary["run_id"]
-    tokens = dict(metric_history(client, run_id, "tokens_seen"))
+    m = summary["metrics"]
+    tokens_per_step = m["final/tokens_seen"] / max(m["final/steps"], 1)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     for key, style in (("train/loss", "-"), ("val/loss", "o-")):
         pts = metric_history(client, run_id, key)
-        xs = [tokens.get(s, float("nan")) / 1e6 for s, _ in pts]
+        xs = [s * tokens_per_step / 1e6 for s, _ in pts]
         ax.plot(xs, [v for _, v in pts], style, label=key, markersize=4, linewidth=1.2)
     ax.set_xlabel("tokens seen (millions)")
     ax.set_ylabel("loss (nats/token)")

@@ -17,7 +17,8 @@ RULE = "─" * 72
 def ui_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | None) -> str:
     """Where the run opens in the MLflow UI (`make ui` serves a local store on port 5000)."""
     base = tracking_uri if tracking_uri and tracking_uri.startswith("http") else "http://127.0.0.1:5000"
-    url = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    # workflowType: MLflow 3.17 would open the run in GenAI mode without it
+    url = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
     return url if base != "http://127.0.0.1:5000" else f"{url}  (after `make ui`)"
 
 
