@@ -16,7 +16,7 @@ from scalelab.cli.train import normalize_overrides
 from scalelab.tracking import conf_dir, repo_root
 
 CONF = conf_dir()
-EXPERIMENTS = sorted(p.stem for p in (repo_root() / "experiments").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
 def names(group: str) -> list[str]:

@@ -8,7 +8,7 @@ import yaml
 
 from scalelab.data import DataConfig, TokenizerConfig
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "src" / "scalelab" / "conf"
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 
 from scalelab.data import DataConfig, TokenizerConfig
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "src" / "scalelab" / "conf"
 
 
 def _compose(overrides):

@@ -64,5 +64,5 @@ def test_sigkill_then_resume_continues_the_same_mlflow_run(tmp_path: Path, share
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["run_id"] == run_id and summary["metrics"]["final/steps"] == 120
     assert summary["resumed_from"].endswith("last.ckpt")
-    assert "final/val_loss" in run.data.metrics
+    assert "final.val_loss" in run.data.tags
     assert len(list((tmp_path / "outputs").glob("*/*"))) == 0  # resume made no new run folder

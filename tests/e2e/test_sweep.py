@@ -66,7 +66,7 @@ def test_cpu_tiny_sweep_then_rerun_trains_nothing(env):
         for key in ("n_params", "n_params_non_embedding", "n_params_matmul", "flops_per_token",
                     "flops_per_token_6n", "compute"):
             assert key in k.data.params
-        assert "final/val_loss" in k.data.metrics
+        assert "final.val_loss" in k.data.tags
     sweep_dir = root / "sweeps" / "cpu_tiny"
     for f in ("plan.json", "plan.csv", "runs.csv", "curves.csv", "report/report.md"):
         assert (sweep_dir / f).is_file(), f

@@ -48,9 +48,9 @@ def test_wsd_sweep_trains_branches_from_main_run_checkpoints(tmp_path: Path) -> 
         main_name = main.data.tags["sweep_point"]
         assert (sweep_dir / "runs" / main_name / "checkpoints" / f"step_{start}.ckpt").is_file()
         assert b.info.run_id != main.info.run_id
-        steps = b.data.metrics["final/steps"]
-        assert 0 < start < steps < main.data.metrics["final/steps"]
-        assert b.data.metrics["final/tokens_seen"] == steps * 2048  # includes the inherited prefix
+        steps = float(b.data.tags["final.steps"])
+        assert 0 < start < steps < float(main.data.tags["final.steps"])
+        assert float(b.data.tags["final.tokens_seen"]) == steps * 2048  # includes the inherited prefix
         val_steps = [m.step for m in client.get_metric_history(b.info.run_id, "val/loss")]
         assert val_steps and min(val_steps) > start  # the branch logs only its own steps
         assert float(b.data.tags["sweep_budget"]) == pytest.approx(

@@ -16,7 +16,7 @@ from scalelab.model.presets import PRESETS, preset, preset_dict
 
 from .helpers import tiny
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
+CONF_DIR = Path(__file__).resolve().parents[2] / "src" / "scalelab" / "conf" / "model"
 
 
 def test_defaults_are_gpt2_small() -> None:

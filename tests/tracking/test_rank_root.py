@@ -48,11 +48,11 @@ def test_root_comes_from_the_package_not_the_cwd(tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(tmp_path)
     root = repo_root()
     assert root == Path(scalelab.__file__).resolve().parents[2]
-    assert (root / "pyproject.toml").is_file() and conf_dir() == root / "conf"
+    assert (root / "pyproject.toml").is_file() and conf_dir() == root / "src" / "scalelab" / "conf"
     assert os.getcwd() == str(tmp_path)
 
 
-def test_experiment_group_is_the_experiments_folder() -> None:
-    link = conf_dir() / "experiment"
-    assert link.resolve() == (repo_root() / "experiments").resolve()
-    assert (link / "shakespeare_char.yaml").is_file()
+def test_experiments_ship_inside_the_package() -> None:
+    folder = conf_dir() / "experiment"
+    assert folder == Path(scalelab.__file__).resolve().parent / "conf" / "experiment"
+    assert not folder.is_symlink() and (folder / "shakespeare_char.yaml").is_file()

@@ -52,10 +52,14 @@ def test_run_logged_to_tracking_server(tmp_path: Path, shared_data_dir: Path, ml
     assert (p["tokenizer"], p["dataset"], p["world_size"]) == ("char", "shakespeare", "1")
 
     m = run.data.metrics
-    for key in ("train/loss", "val/loss", "val/bpb", "lr", "tokens_seen", "final/val_loss",
-                "final/tokens_seen", "perf/tokens_per_sec"):
+    for key in ("train/loss", "val/loss", "val/bpb", "lr", "tokens_seen", "perf/tokens_per_sec"):
         assert key in m, (key, sorted(m))
-    assert m["final/val_loss"] == pytest.approx(m["val/loss"])
+    # final values are tags (not one-point charts); no Lightning `epoch`, no final/loss twins
+    assert not [k for k in m if k.startswith("final/") or k == "epoch"], sorted(m)
+    final = {k: v for k, v in run.data.tags.items() if k.startswith("final.")}
+    assert {"final.val_loss", "final.tokens_seen", "final.val_bpb"} <= set(final), final
+    assert not {"final.loss", "final.ppl", "final.bpb"} & set(final), final
+    assert float(final["final.val_loss"]) == pytest.approx(m["val/loss"])
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert len(history) >= 3 and len({h.step for h in history}) == len(history)
     assert any(k.startswith("system/") for k in m), sorted(m)  # psutil-based system metrics

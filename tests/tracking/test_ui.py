@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,11 +53,24 @@ def test_ui_serves_the_store(tmp_path: Path) -> None:
         with urllib.request.urlopen(req, timeout=10) as r:
             names = [e["name"] for e in json.load(r)["experiments"]]
         assert "Default" in names
+        # killing the wrapper by PID (not its process group) stops the server and frees the port
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        deadline = time.time() + 30
+        while _port_busy(port):
+            assert time.time() < deadline, f"port {port} still held after the UI process exited"
+            time.sleep(0.5)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate(timeout=20)
+            proc.communicate(timeout=20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # any leftover worker of this session
     assert f"open {url}" in out
+
+
+def _port_busy(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

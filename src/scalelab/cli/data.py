@@ -17,7 +17,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
+from scalelab.tracking.root import conf_dir, repo_root
+
+CONF_DIR = str(conf_dir())  # the package's conf/ (shipped in the wheel)
 
 # The training CLI's schema module registers the train_schema structured config and the
 # ${scalelab.root:} resolver that conf/train.yaml uses; import it when present.
@@ -25,7 +27,7 @@ with contextlib.suppress(ImportError):
     import scalelab.cli.schema  # noqa: F401
 
 if not OmegaConf.has_resolver("scalelab.root"):
-    OmegaConf.register_new_resolver("scalelab.root", lambda: str(Path(CONF_DIR).parent))
+    OmegaConf.register_new_resolver("scalelab.root", lambda: str(repo_root()))
 
 
 def run(cfg: DictConfig) -> int:

@@ -29,8 +29,9 @@ from scalelab.training.config import OptimConfig
 class TrainSection:
     """Run length, batch and step settings (``train.*``)."""
 
-    max_steps: Optional[int] = None  # noqa: UP045  # optimizer steps; wins over max_tokens
-    max_tokens: Optional[int] = None  # noqa: UP045  # token budget -> steps
+    # counts typed Any so that 5e6 is accepted; cli/counts.py turns them into whole numbers
+    max_steps: Any = None  # optimizer steps; wins over max_tokens
+    max_tokens: Any = None  # token budget -> steps
     global_batch_size: int = 32
     batch_unit: str = "sequences"  # sequences | tokens
     micro_batch_size: Optional[int] = None  # noqa: UP045
@@ -65,7 +66,7 @@ class TrainerSchema:
     num_nodes: int = 1
     strategy: str = "auto"
     precision: str = "32-true"
-    max_steps: Optional[int] = None  # noqa: UP045  # overrides train.max_steps/max_tokens when set
+    max_steps: Any = None  # overrides train.max_steps/max_tokens when set (a count: 2e3 is fine)
     log_every_n_steps: int = 10
     enable_progress_bar: bool = True
     deterministic: Any = False
@@ -125,6 +126,7 @@ class ThroughputSchema:
 @dataclass
 class ProgressBarSchema:
     refresh_rate: int = 10
+    plain_every: int = 50  # optimizer steps between plain lines when stdout is not a TTY
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from scalelab.cli.counts import as_count
 from scalelab.data.config import DataConfig, TokenizerConfig
 from scalelab.model import ModelConfig
 from scalelab.training.batch import BatchPlan, derive_batch, steps_from_budget
@@ -139,11 +140,11 @@ def build_spec(cfg: DictConfig) -> RunSpec:
     batch = derive_batch(int(t.global_batch_size), t.micro_batch_size, world, block,
                          unit=str(t.batch_unit))
     if cfg.trainer.max_steps is not None:
-        steps = int(cfg.trainer.max_steps)
+        steps = as_count("trainer.max_steps", cfg.trainer.max_steps)
     elif t.max_steps is not None:
-        steps = int(t.max_steps)
+        steps = as_count("train.max_steps", t.max_steps)  # 2e3 is a count too
     elif t.max_tokens is not None:
-        steps = steps_from_budget(int(t.max_tokens), batch.tokens_per_step)
+        steps = steps_from_budget(as_count("train.max_tokens", t.max_tokens), batch.tokens_per_step)
     else:
         raise ValueError(
             "the run has no length: set train.max_steps=N or train.max_tokens=N "

@@ -32,12 +32,13 @@ from scalelab.cli import (
     hydra_ddp,
     run_folder,
     schema,  # noqa: F401  (registers train_schema and the resolvers)
+    trainer_args,
 )
 from scalelab.cli.resume import check_resume_point, resume_point
 from scalelab.cli.run_folder import RunFolder
 from scalelab.cli.spec import RunSpec, build_spec
 from scalelab.files import atomic_write_json, atomic_write_text
-from scalelab.tracking import conf_dir, is_global_zero
+from scalelab.tracking import is_global_zero
 from scalelab.tracking.store import TrackingServerUnreachable
 
 log = logging.getLogger("scalelab.train")
@@ -68,7 +69,7 @@ def main() -> None:
     _hydra_main()
 
 
-@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="train")
+@hydra.main(version_base="1.3", config_path="pkg://scalelab.conf", config_name="train")
 def _hydra_main(cfg: DictConfig) -> Optional[float]:  # noqa: UP045
     """Hydra task; returns the final val loss (what a Hydra sweeper would minimize)."""
     hydra_ddp.begin_job(cfg)  # scale-out: torchrun layout, one GPU per joblib job
@@ -110,6 +111,7 @@ def _train(cfg: DictConfig) -> dict[str, Any]:
         spec = build_spec(cfg)  # every config error surfaces here, before any IO
         _check_branch_keys(cfg, spec)
         _check_precision(cfg)
+        trainer_args.check(cfg)  # +trainer.<any Lightning arg>, +callbacks.<name>={_target_: ...}
         cfg.paths.output_dir = str(out_dir)  # the saved config names the folder actually used
         if is_slurm_requeue() and not cfg.ckpt_path and (out_dir / "checkpoints" / "last.ckpt").exists():
             cfg.resume = True  # SLURM started this job again after a requeue: continue it
@@ -146,6 +148,12 @@ def _train(cfg: DictConfig) -> dict[str, Any]:
         folder.commit()
 
     tracker = _start_tracker(cfg, spec, tracking_uri, resume_run_id, rank0)
+    if rank0:
+        from scalelab.cli.banner import print_start
+
+        print_start(getattr(tracker, "run_name", None) or str(cfg.run_name), out_dir, tracker,
+                    model_cfg, spec, data, ckpt_path)
+
     try:
         if rank0 and tracker.run_id:
             atomic_write_text(out_dir / RUN_ID_FILE, tracker.run_id + "\n")
@@ -262,6 +270,19 @@ def _quiet_lightning() -> None:
     # our IterableDataset streams are single-process and sized on purpose
     warnings.filterwarnings("ignore", message=r".*IterableDataset.*has `__len__` defined")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # Lightning only asks whether the DataLoader object is `_Stateful`; our DataModules save
+    # and restore the exact stream position themselves (DataModule.state_dict in
+    # data/datamodules.py, stored in every checkpoint), so a mid-epoch resume is exact.
+    warnings.filterwarnings("ignore", message=r".*dataloader is not resumable")
+    logging.captureWarnings(True)  # the warnings that remain reach train.log too
+    if logging.getLogger().handlers:
+        # Lightning imported before logging was configured keeps a private stderr handler;
+        # hand its records to the root logger (console + train.log) instead.
+        for name in ("pytorch_lightning", "lightning_fabric"):
+            lg = logging.getLogger(name)
+            for h in [h for h in lg.handlers if type(h) is logging.StreamHandler]:
+                lg.removeHandler(h)
+            lg.propagate = True
 
 
 def _check_precision(cfg: DictConfig) -> None:
@@ -342,18 +363,25 @@ def _start_tracker(cfg: DictConfig, spec: RunSpec, uri: Optional[str],  # noqa: 
     })
     tags.update({str(k): str(v) for k, v in (cfg.tags or {}).items()})
     assert uri is not None
-    return Tracker.start(
+    from scalelab.cli import naming
+
+    run_name, name_tags = naming.resolve(cfg)  # experiment + overrides; <name>-<job> in a multirun
+    tags.update(name_tags)
+    multirun_parent = None if resume_run_id else naming.multirun_parent(cfg, uri)
+    tracker = Tracker.start(
         tracking_uri=uri,
         experiment_name=str(cfg.logger.experiment_name),
-        run_name=str(cfg.run_name),
+        run_name=run_name,
         tags=tags,
         artifact_root=cfg.logger.artifact_root,
-        parent_run_id=cfg.logger.parent_run_id,
+        parent_run_id=cfg.logger.parent_run_id or multirun_parent,
         resume_run_id=resume_run_id,
         probe_timeout=float(cfg.logger.probe_timeout),
         folder=Path(cfg.paths.output_dir),
         outage_wait_s=float(cfg.logger.get("outage_wait_s", 120.0)),
     )
+    tracker.multirun_parent_id = multirun_parent
+    return tracker
 
 
 def _params(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, Any]) -> dict[str, Any]:
@@ -420,7 +448,7 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from scalelab.cli.callbacks import ProgressBar, RunState, SampleArtifacts
+    from scalelab.cli.callbacks import RunState, SampleArtifacts
     from scalelab.cli.modules import training_callbacks
     from scalelab.training.signals import SaveOnStop
 
@@ -446,12 +474,15 @@ def _callbacks(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, A
                                        save_last=False, **common))
             cbs.append(SaveOnStop(out_dir / "checkpoints"))  # on SIGTERM/Ctrl-C/SIGUSR1
     if cfg.trainer.enable_progress_bar:
-        cbs.append(ProgressBar(refresh_rate=int(cfg.callbacks.progress_bar.refresh_rate)))
+        from scalelab.cli.progress import progress_callback
+
+        cbs.append(progress_callback(cfg))  # tqdm on a TTY, one plain line per N steps otherwise
     if cfg.train.get("save_at_steps") and not cfg.trainer.fast_dev_run:
         from scalelab.cli.callbacks import StepCheckpoints
 
         cbs.append(StepCheckpoints(out_dir / "checkpoints", list(cfg.train.save_at_steps)))
     cbs.extend(training_callbacks(cfg, spec, model_cfg, data))
+    cbs.extend(trainer_args.user_callbacks(cfg))
     return cbs
 
 
@@ -492,6 +523,7 @@ def _trainer_kwargs(cfg: DictConfig, spec: RunSpec, tracker: Any, callbacks: lis
         "callbacks": callbacks,
         "default_root_dir": str(out_dir),
         "plugins": [VerifiedCheckpointIO()],  # temp file in place, fsync, rename, hash sidecar
+        **trainer_args.extra_trainer_kwargs(cfg),  # any other Lightning argument (+trainer.X=...)
     }
 
 
@@ -553,10 +585,12 @@ def _finish(cfg: DictConfig, spec: RunSpec, model_cfg: Any, data: dict[str, Any]
         "final/fit_seconds": fit_seconds,
         "final/time_to_first_step": perf.get("perf/time_to_first_step"),
     }
-    for k, v in cm.items():  # e.g. val/exact_match from the seq2seq module
-        if k.startswith("val/") and f"final/{k[4:]}" not in final:
+    for k, v in cm.items():  # e.g. val/exact_match from the seq2seq module (not val/loss again)
+        if k.startswith("val/") and f"final/{k[4:]}" not in final and f"final/val_{k[4:]}" not in final:
             final[f"final/{k[4:]}"] = v
-    tracker.log_metrics({k: v for k, v in final.items() if v is not None}, step=step)
+    from scalelab.cli.final import record_final
+
+    record_final(tracker, final)  # tags + a table artifact, not one-point metric charts
     if sample:
         atomic_write_text(out_dir / "sample.txt", sample)
         tracker.log_text(sample, "sample.txt")
@@ -629,7 +663,7 @@ def _print_summary(cfg: DictConfig, s: dict[str, Any]) -> None:
     if s["run_id"]:
         ui = "make ui" if str(s["tracking_uri"]).startswith("sqlite") else s["tracking_uri"]
         out.append(f"compare runs in the MLflow UI: {ui}  (python -m scalelab.tracking.ui)")
-    print("\n".join(out), flush=True)
+    log.info("\n".join(out))  # console and train.log (Hydra job logging)
 
 
 if __name__ == "__main__":

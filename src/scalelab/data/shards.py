@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -266,7 +267,8 @@ def _encode_splits(
     last_doc = dict.fromkeys(splits, -1)
     eot = np.array([tok.eot_id], dtype=dtype)
     bar = tqdm(
-        total=total_chars, unit="char", unit_scale=True, desc="tokenize", disable=not progress
+        total=total_chars, unit="char", unit_scale=True, desc="tokenize",
+        disable=not progress or not sys.stderr.isatty(),  # no carriage-return frames in logs
     )
     # Same engine as tiktoken's encode_ordinary_batch (a thread pool over encode_ordinary,
     # which releases the GIL), but one pool for the whole corpus: results stream back in
@@ -302,7 +304,9 @@ def prepare(
     """
 
     def say(msg: str) -> None:  # progress=True: the user watches stdout; else only the log
-        if progress:
+        if progress and logging.getLogger().handlers:  # configured (Hydra): console + train.log
+            log.info("[scalelab-data] %s", msg)
+        elif progress:
             print(f"[scalelab-data] {msg}", flush=True)
         else:
             log.info(msg)

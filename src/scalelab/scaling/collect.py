@@ -20,6 +20,7 @@ from typing import Optional
 
 import pandas as pd
 
+from scalelab.tracking.final import final_values
 from scalelab.tracking.sweep import ChildRun, SweepParent, metric_history, open_parent
 
 # the column names of scalelab.scaling.fit_data (prepare_runs reads them by convention)
@@ -46,7 +47,9 @@ def _num(d: dict[str, str], key: str, default: float = float("nan")) -> float:
 
 
 def _row(c: ChildRun) -> dict:
-    p, m, t = c.params, c.metrics, c.tags
+    p, t = c.params, c.tags
+    # final values (tags final.*, or older runs' final/* metrics) as final/<name> beside the curves
+    m = {**c.metrics, **{f"final/{k}": v for k, v in final_values(t, c.metrics).items()}}
     fpt, fpt6 = _num(p, "flops_per_token"), _num(p, "flops_per_token_6n")
     # tokens actually trained on: the final count, else the planned budget
     tokens = _num(m, "final/tokens_seen", _num(p, "tokens_budget", _num(m, "tokens_seen")))

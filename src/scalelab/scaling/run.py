@@ -469,6 +469,8 @@ class SweepRunner:
         return remaining
 
     def _report_progress(self, points: list[PlanPoint], started: float, out: Outcome) -> dict:
+        from scalelab.tracking.final import final_values
+
         latest = self._latest_by_point()
         for p in points:
             c = latest.get(p.point_id)
@@ -477,7 +479,7 @@ class SweepRunner:
             if c.done:
                 self._seen.add(p.name)
                 out.finished.append(p.name)
-                loss = c.metrics.get("final/val_loss", float("nan"))
+                loss = final_values(c.tags, c.metrics).get("val_loss", float("nan"))
                 wall = (c.end_time - c.start_time) / 1000 if c.end_time else float("nan")
                 self.echo(f"  ✓ {p.label:<24} C={p.budget:.2g}  N={p.n_params_matmul:>10,}  "
                           f"D={p.tokens:>12,}  val loss {loss:.4f}  {wall:5.0f} s  "

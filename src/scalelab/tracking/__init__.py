@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scalelab.tracking.final import final_values
 from scalelab.tracking.rank import global_rank, is_global_zero
 from scalelab.tracking.root import conf_dir, repo_root
 
@@ -16,6 +17,7 @@ __all__ = [
     "NullTracker",
     "Tracker",
     "conf_dir",
+    "final_values",
     "global_rank",
     "is_global_zero",
     "repo_root",

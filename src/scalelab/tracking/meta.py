@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import scalelab
+from scalelab.tracking.root import source_checkout
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -34,6 +35,9 @@ def run_tags(root: Path) -> dict[str, str]:
     }
     with contextlib.suppress(Exception):  # no passwd entry in some containers
         tags["mlflow.user"] = getpass.getuser()
+    # git facts come from the source tree the code runs from, never from the output root
+    # (SCALELAB_ROOT may sit outside any repo); a wheel install has none, and records none.
+    root = source_checkout() or root
     commit = _git(root, "rev-parse", "HEAD")
     if commit:
         tags["git.commit"] = commit

@@ -1,8 +1,12 @@
-"""The project root: where outputs/, data_cache/, mlruns.db and mlartifacts/ live.
+"""Where scalelab reads its configs and writes its results.
 
-Found from the package location (an editable install sits in ``<root>/src/scalelab``), never
-from the current directory, so `scalelab-train` writes to the same places from any folder.
-$SCALELAB_ROOT overrides it (e.g. a non-editable install, or tests with a scratch root).
+- configs: the package's own ``scalelab/conf`` (shipped in the wheel; Hydra finds it as
+  ``pkg://scalelab.conf``). A user's own config folder adds or overrides groups through
+  ``hydra.searchpath=[file:///path/to/my_conf]``.
+- results (outputs/, multirun/, data_cache/, mlruns.db, mlartifacts/): ``$SCALELAB_ROOT`` when
+  set; else, in a source checkout (``<repo>/src/scalelab``), the repo root, whatever the current
+  directory; else (an installed wheel) the current working directory — never the package
+  location inside site-packages.
 """
 
 from __future__ import annotations
@@ -10,26 +14,30 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+_PACKAGE = Path(__file__).resolve().parents[1]  # .../scalelab
+
+
+def source_checkout() -> Path | None:
+    """The repo this package runs from (``<repo>/src/scalelab``), None for a wheel install."""
+    if _PACKAGE.parent.name == "src" and (_PACKAGE.parent.parent / "pyproject.toml").is_file():
+        return _PACKAGE.parent.parent
+    return None
+
 
 def repo_root() -> Path:
     env = os.environ.get("SCALELAB_ROOT")
     if env:
         return Path(env).expanduser().resolve()
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "pyproject.toml").is_file() and (parent / "conf").is_dir():
-            return parent
-    # Installed from a wheel: no repo around the package; fall back to the user's home.
-    return (Path.home() / ".scalelab").resolve()
+    return source_checkout() or Path.cwd().resolve()
 
 
 def conf_dir() -> Path:
-    """Hydra's config folder: <root>/conf, or the one next to the source tree."""
-    env_root = os.environ.get("SCALELAB_ROOT")
-    if env_root and (Path(env_root) / "conf").is_dir():
-        return (Path(env_root) / "conf").resolve()
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "conf" / "train.yaml").is_file():
-            return parent / "conf"
-    return repo_root() / "conf"
+    """Hydra's primary config folder: the package's ``conf/`` (the checkout's ``conf/`` in the
+    layout before the configs moved into the package)."""
+    packaged = _PACKAGE / "conf"
+    if (packaged / "train.yaml").is_file():
+        return packaged
+    checkout = source_checkout()
+    if checkout is not None and (checkout / "conf" / "train.yaml").is_file():
+        return checkout / "conf"
+    return packaged

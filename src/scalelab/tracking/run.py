@@ -30,6 +30,10 @@ from scalelab.tracking.store import (
 
 log = logging.getLogger(__name__)
 MAX_PARAM_LEN = 6000  # mlflow's limit for a param value
+# The MLflow 3 UI opens an experiment in GenAI mode (traces, assistant) unless this tag says it
+# holds model training runs; the value is the UI's ExperimentKind.CUSTOM_MODEL_DEVELOPMENT.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 # Keep alembic's migration chatter and mlflow's info lines out of the training output.
 for _name in ("alembic", "mlflow", "mlflow.store", "mlflow.tracking"):
     logging.getLogger(_name).setLevel(logging.WARNING)
@@ -39,6 +43,7 @@ class NullTracker:
     """Stands in on ranks > 0 and with ``logger=none``: same methods, no side effects."""
 
     run_id: str | None = None
+    run_name: str | None = None
     experiment_id: str | None = None
     tracking_uri: str | None = None
     resumed = False
@@ -83,6 +88,10 @@ class _RunLogger(MLFlowLogger):
         return None
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        # Lightning adds `epoch` to every logged dict; runs are step-based, so it is noise.
+        metrics = {k: v for k, v in metrics.items() if k != "epoch"}
+        if not metrics:
+            return
         if step is not None and self._skip_until:
             metrics = {k: v for k, v in metrics.items() if step > self._skip_until.get(k, -1)}
             if not metrics:
@@ -134,6 +143,7 @@ class Tracker:
         self.outage_wait_s = outage_wait_s
         run = client.get_run(run_id)
         self.experiment_id = run.info.experiment_id
+        self.run_name: str | None = run.info.run_name
         self._existing_params = dict(run.data.params)
         self._skip_until: dict[str, int] = {}
         if resumed:
@@ -143,6 +153,7 @@ class Tracker:
                     self._skip_until[key] = max(m.step for m in history)
         self._system_monitor: Any = None
         self._ended = False
+        self.multirun_parent_id: str | None = None  # set for --multirun jobs (tracking/multirun.py)
 
     # --- creation ------------------------------------------------------------------------
     @classmethod
@@ -217,7 +228,7 @@ class Tracker:
         self.spool.log_batch(metrics=items)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self.spool.log_batch(tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.spool.log_batch(tags=[RunTag(str(k), str(v)) for k, v in tags.items()])
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.spool.log_artifact(path, artifact_path)
@@ -254,6 +265,9 @@ class Tracker:
             with contextlib.suppress(Exception):
                 self._system_monitor.finish()
         RunStatus.from_string(status)  # validates the name
+        if self.multirun_parent_id:  # the multirun's parent shows its latest job's outcome
+            with contextlib.suppress(Exception):
+                self.client.set_terminated(self.multirun_parent_id, status)
         try:
             self.spool.set_terminated(status)
             if self.spool.flush(self.outage_wait_s):
@@ -298,10 +312,14 @@ def _get_or_create_experiment(
                 f"logger.experiment_name={name!r} is a deleted MLflow experiment in {uri}; "
                 "restore it in the UI or pick another name"
             )
+        if EXPERIMENT_KIND_TAG not in exp.tags:  # stores created before the tag existed
+            with contextlib.suppress(MlflowException):
+                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     try:
         return client.create_experiment(
-            name, artifact_location=experiment_artifact_location(uri, artifact_root, name)
+            name, artifact_location=experiment_artifact_location(uri, artifact_root, name),
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
         )
     except MlflowException:
         # Parallel sweep jobs race to create it: whoever lost reads the winner's.

@@ -236,7 +236,8 @@ def metric_history(client: MlflowClient, run_id: str, key: str) -> list[tuple[in
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """Where to see a run: the server's page, or the `make ui` page for a local store."""
     base = tracking_uri.rstrip("/") if is_remote(tracking_uri) else "http://127.0.0.1:5000"
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    # workflowType: MLflow 3.17 would open the run in GenAI mode without it
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
 TERMINAL = {RunStatus.to_string(s) for s in (RunStatus.FINISHED, RunStatus.FAILED,

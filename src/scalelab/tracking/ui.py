@@ -7,11 +7,14 @@ It serves the same SQLite store and artifact folder that `scalelab-train` writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from scalelab.tracking.root import repo_root
@@ -27,8 +30,30 @@ def _free_port(preferred: int) -> int:
             return s.getsockname()[1]
 
 
+ML_VIEW = "workflowType=machine_learning"  # the UI's model-training mode (not GenAI)
+
+
+def _experiments(store: str) -> list[tuple[str, str]]:
+    """(id, name) of the active experiments holding runs in a local SQLite store ([] if none)."""
+    import sqlite3
+
+    path = store.removeprefix("sqlite:///")
+    if not store.startswith("sqlite:///") or not Path(path).is_file():
+        return []
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            rows = db.execute(
+                "SELECT e.experiment_id, e.name FROM experiments e WHERE e.lifecycle_stage = "
+                "'active' AND EXISTS (SELECT 1 FROM runs r WHERE r.experiment_id = e.experiment_id)"
+                " ORDER BY e.experiment_id").fetchall()
+    except sqlite3.Error:
+        return []
+    return [(str(i), str(n)) for i, n in rows]
+
+
 def build_command(store: str, artifacts: Path, host: str, port: int, workers: int) -> list[str]:
-    mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+    mlflow_bin = (shutil.which("mlflow", path=str(Path(sys.executable).parent))
+                  or shutil.which("mlflow") or "mlflow")
     return [
         mlflow_bin, "server",
         "--backend-store-uri", store,
@@ -59,14 +84,54 @@ def main(argv: list[str] | None = None) -> int:
     cmd = build_command(args.store, args.artifacts, args.host, port, args.workers)
     url = f"http://{args.host}:{port}"
     print(f"MLflow UI for {args.store}\n  artifacts: {args.artifacts}\n  open {url}  (Ctrl-C stops it)")
+    experiments = _experiments(args.store)
+    if experiments:
+        # MLflow 3.17 opens an experiment in GenAI mode unless the URL (or a click on
+        # "Model training", which the browser remembers) says otherwise
+        print("  runs of each experiment (model-training view):")
+        width = max(len(name) for _, name in experiments)
+        for exp_id, name in experiments:
+            print(f"    {name:<{width}}  {url}/#/experiments/{exp_id}?{ML_VIEW}")
     if args.dry_run:
         print(" ".join(cmd))
         return 0
     args.artifacts.mkdir(parents=True, exist_ok=True)
-    try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 0
+    sys.stdout.flush()
+    return serve(cmd)
+
+
+def serve(cmd: list[str], grace: float = 10.0) -> int:
+    """Run ``cmd`` in its own process group and take the whole group down with this process.
+
+    Not a plain exec: mlflow 3.17's `mlflow server` forwards SIGTERM to uvicorn but then does
+    not exit (its job runner lingers). Here Ctrl-C, SIGTERM or SIGHUP to THIS pid reach every
+    server process, and whatever is still alive ``grace`` seconds later is killed, so
+    `kill <pid of make ui>` always frees the port.
+    """
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    stopping: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    deadline = None
+    while True:
+        try:  # short waits: a signal handler cannot interrupt one long wait (PEP 475)
+            rc = proc.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            if stopping and deadline is None:
+                deadline = time.monotonic() + grace
+            if deadline is not None and time.monotonic() > deadline:
+                rc = -signal.SIGKILL
+                break
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (job runner, workers)
+    return 0 if stopping else rc
 
 
 if __name__ == "__main__":

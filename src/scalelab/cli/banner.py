@@ -1,0 +1,55 @@
+"""The start banner and the plain-text progress lines of `scalelab-train`.
+
+Both go through ``logging`` (logger ``scalelab.train``), so they reach the console and the run
+folder's ``train.log`` (Hydra's job logging, conf/hydra/default.yaml).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("scalelab.train")
+RULE = "─" * 72
+
+
+def ui_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | None) -> str:
+    """Where the run opens in the MLflow UI (`make ui` serves a local store on port 5000)."""
+    base = tracking_uri if tracking_uri and tracking_uri.startswith("http") else "http://127.0.0.1:5000"
+    # workflowType: MLflow 3.17 would open the run in GenAI mode without it
+    url = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+    return url if base != "http://127.0.0.1:5000" else f"{url}  (after `make ui`)"
+
+
+def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec: Any,
+                data: dict[str, Any], resumed_from: Path | None) -> list[str]:
+    n = model_cfg.n_params()
+    fpt = model_cfg.flops_per_token(training=True, attention=True, seq_len=spec.block_size)
+    tokens = spec.max_steps * spec.batch.tokens_per_step
+    prepared = data.get("prepared")
+    source = f"{spec.data.name}"
+    if prepared is not None:
+        source += f" ({prepared.dir})"
+    lines = [
+        RULE,
+        f"scalelab-train  {run_name}" + (f"  (resuming from {resumed_from})" if resumed_from else ""),
+        RULE,
+        f"run folder    : {out_dir}",
+    ]
+    if tracker.run_id:
+        lines.append(f"MLflow run    : {tracker.run_id}  ({tracker.tracking_uri})")
+        lines.append(f"MLflow UI     : {ui_url(tracker.tracking_uri, tracker.experiment_id, tracker.run_id)}")
+    lines += [
+        f"model         : {model_cfg.arch}, {model_cfg.n_layers} layers, d={model_cfg.d_model}: "
+        f"N={n:,} parameters, {fpt:,} FLOPs/token (training)",
+        f"tokens planned: {tokens:,} ({spec.max_steps:,} steps x {spec.batch.tokens_per_step:,} "
+        f"tokens, {tokens * fpt:.3g} FLOPs)",
+        f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data['vocab_size']:,}",
+        RULE,
+    ]
+    return lines
+
+
+def print_start(*args: Any, **kwargs: Any) -> None:
+    log.info("\n".join(start_lines(*args, **kwargs)))

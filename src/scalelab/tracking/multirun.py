@@ -1,0 +1,40 @@
+"""One parent MLflow run per Hydra ``--multirun``, so its jobs sit together in the UI.
+
+The parent is found through ``<sweep dir>/mlflow_parent_run_id``: the first job creates the
+run and writes the file under a lock, later jobs (sequential, or parallel joblib processes)
+read it. Each job that ends sets the parent's status to its own outcome (the last one wins).
+"""
+
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from scalelab.tracking.run import _get_or_create_experiment
+
+PARENT_FILE = "mlflow_parent_run_id"
+ROLE_TAG = "scalelab.multirun_role"
+
+
+def parent_run_id(tracking_uri: str, experiment_name: str, sweep_dir: Path, name: str,
+                  artifact_root: str | None = None) -> str:
+    """The multirun's parent run id (created on first call)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    id_file = sweep_dir / PARENT_FILE
+    with open(sweep_dir / f".{PARENT_FILE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if id_file.is_file() and id_file.read_text().strip():
+            return id_file.read_text().strip()
+        client = MlflowClient(tracking_uri=tracking_uri)
+        exp_id = _get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
+        run = client.create_run(exp_id, run_name=name, tags={
+            "mlflow.runName": name, ROLE_TAG: "parent", "scalelab.multirun_dir": str(sweep_dir)})
+        id_file.write_text(run.info.run_id + "\n")
+        return run.info.run_id
+
+
+def mark_parent(tracking_uri: str, run_id: str, status: str) -> None:
+    """Give the parent the latest job's outcome (FINISHED / FAILED / KILLED)."""
+    MlflowClient(tracking_uri=tracking_uri).set_terminated(run_id, status)
