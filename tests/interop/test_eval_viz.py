@@ -112,3 +112,14 @@ def test_eval_and_viz_log_back_to_the_run(tmp_path: Path, train_cli, shared_data
 
     r = cli("scalelab.cli.eval", str(tmp_path / "nope"))
     assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+
+
+def test_ratio_estimator_reduces_to_the_plain_mean_for_equal_rows() -> None:
+    from scalelab.training.evaluate import _ratio
+
+    sums = torch.tensor([3.0, 5.0, 4.0, 8.0])
+    mean, se = _ratio(sums, torch.full((4,), 2.0))
+    assert mean == pytest.approx(20 / 8)
+    assert se == pytest.approx(float((sums / 2).std() / 2))  # std of row means / sqrt(4)
+    mean, _ = _ratio(torch.tensor([1.0, 9.0]), torch.tensor([1.0, 3.0]))
+    assert mean == pytest.approx(10 / 4)  # token-weighted, not (1 + 3) / 2

@@ -41,6 +41,9 @@ def _hf_models() -> dict[str, object]:
         "bert": lambda: t.BertForMaskedLM(t.BertConfig(
             **small, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=64, hidden_act="gelu_new", type_vocab_size=2)),
+        "bert_untied": lambda: t.BertForMaskedLM(t.BertConfig(
+            **small, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=64, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=False)),
     }
 
 
@@ -62,6 +65,30 @@ def test_random_hf_model_round_trip_keeps_logits(tmp_path: Path, name: str) -> N
     back = type(hf).from_pretrained(tmp_path / "back", dtype=torch.float32)
     assert max_logit_diff(ours, back, ids) <= TOL
     assert not (tmp_path / "back" / "pytorch_model.bin").exists()
+
+
+@pytest.mark.parametrize("kw", [
+    dict(tie_embeddings=False),  # GPT-2 with its own output layer
+    dict(norm="rmsnorm", mlp="swiglu", position="rope", bias=False, n_kv_heads=1,
+         tie_embeddings=False, rope_base=1234.0, norm_eps=1e-6),  # Llama MQA
+    dict(arch="encoder", norm_position="post", embed_norm=True, mlm_head=True,
+         tie_embeddings=False, norm_eps=1e-12),  # BERT, untied (decoder bias != cls bias)
+])
+def test_our_model_exports_and_imports_back_exactly(tmp_path: Path, kw: dict) -> None:
+    from scalelab.model import Transformer
+
+    torch.manual_seed(1)
+    cfg = ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, max_seq_len=40, **kw)
+    ours = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    res = export_hf(cfg, ours.state_dict(), tmp_path / "hf")
+    assert res["max_abs_logit_diff"] <= TOL
+    _, back = import_hf(tmp_path / "hf")
+    assert back.cfg == cfg
+    ids = probe_ids(cfg)
+    assert float((back(ids) - ours(ids)).abs().max()) <= TOL
 
 
 @pytest.mark.parametrize(("changes", "named"), [

@@ -52,7 +52,7 @@ def load_model(source: str, tracking_uri: str | None = None) -> tuple[Any, dict[
     ckpt = load(path)
     model = Transformer(ModelConfig.from_dict(model_config_dict(ckpt)))
     model.load_state_dict(model_state_dict(ckpt))
-    meta = run_meta(ckpt)
+    meta = {**run_meta(ckpt), "_path": ckpt["_path"]}
     return model.eval(), meta, run_id
 
 
@@ -72,9 +72,69 @@ def _prepared(meta: dict[str, Any], data: str | None, data_dir: Path) -> Any:
     fields = OmegaConf.to_container(OmegaConf.load(yaml), resolve=True)
     tok_name = spec.get("name")
     if not tok_name:
-        raise ValueError("the model has no tokenizer recorded; evaluate its scalelab checkpoint")
+        raise ValueError("the model has no tokenizer recorded; pass --tokenizer NAME (e.g. gpt2)")
+    if tok_name in ("char", "bpe") and meta.get("data") and data != meta["data"]:
+        raise ValueError(f"--data {data}: a {tok_name} vocabulary is built from its own corpus "
+                         f"({meta['data']}); evaluate on that corpus, or use a model with a fixed "
+                         "vocabulary (byte, gpt2, cl100k_base, ...)")
     return D.prepare(D.DataConfig(**fields), D.TokenizerConfig(name=str(tok_name)),  # type: ignore[arg-type]
                      cache_dir=data_dir, progress=False)
+
+
+def _data_fields(name: str) -> dict[str, Any]:
+    yaml = repo_root() / "conf" / "data" / f"{name}.yaml"
+    if not yaml.is_file():
+        names = sorted(p.stem for p in yaml.parent.glob("*.yaml"))
+        raise ValueError(f"--data {name}: no {yaml}; choose one of {', '.join(names)}")
+    return OmegaConf.to_container(OmegaConf.load(yaml), resolve=True)  # type: ignore[return-value]
+
+
+def _run_data_fields(meta: dict[str, Any], run_dir: Path | None) -> dict[str, Any]:
+    """The data section the run was trained with (its .hydra/config.yaml), so a synthetic
+    seq2seq task is regenerated with the same task, lengths and seed."""
+    saved = run_dir / ".hydra" / "config.yaml" if run_dir else None
+    if saved and saved.is_file():
+        return OmegaConf.to_container(OmegaConf.load(saved).data, resolve=True)  # type: ignore[return-value]
+    if meta.get("data"):
+        return _data_fields(str(meta["data"]))
+    raise ValueError("no data config recorded for this seq2seq model; pass --data NAME")
+
+
+def _seq2seq(args: argparse.Namespace, model: Any, meta: dict[str, Any]) -> int:
+    """Exact match and teacher-forced loss on the first --sequences validation pairs."""
+    import scalelab.data as D
+    from scalelab.data.datamodules import collate_seq2seq
+    from scalelab.training.evaluate import evaluate_seq2seq
+
+    ckpt = Path(meta.get("_path", "")) if meta.get("_path") else None
+    run_dir = ckpt.parent.parent if ckpt and ckpt.parent.name == "checkpoints" else None
+    fields = _data_fields(args.data) if args.data else _run_data_fields(meta, run_dir)
+    dm = D.Seq2SeqDataModule(D.DataConfig(**fields), batch_size=64)
+    spec = meta.get("tokenizer") or {}
+    if spec.get("chars") is not None and spec["chars"] != dm.vocab.chars:
+        raise ValueError("the data's character vocabulary differs from the model's; evaluate on "
+                         "the task it was trained on")
+    v = dm.vocab
+    rows = dm.val_examples[: args.sequences]
+    batches = [collate_seq2seq(rows[i:i + 64], v.pad_id, v.bos_id, v.eos_id)
+               for i in range(0, len(rows), 64)]
+    res = evaluate_seq2seq(model.to(args.device), batches, v.eos_id, device=args.device)
+    dataset = args.data or fields.get("name", "seq2seq")
+    print(f"{dataset} val: {res.n_windows:,} sequences ({res.n_tokens:,} target tokens)")
+    print(f"  exact match {res.exact_match:.4f} ± {res.exact_match_se:.4f}   loss {res.loss:.4f} ± "
+          f"{res.loss_se:.4f}   perplexity {res.perplexity:.3f} ± {res.perplexity_se:.3f}")
+    _log(args, meta, dataset, "val", res)
+    return 0
+
+
+def _log(args: argparse.Namespace, meta: dict[str, Any], dataset: str, split: str, res: Any) -> None:
+    target = args.run_id or meta.get("_run_id")
+    if target:
+        from scalelab.tracking.existing import log_to_run
+
+        metrics = {f"eval/{dataset}/{split}/{k}": v for k, v in res.metrics().items()}
+        log_to_run(target, args.tracking_uri, metrics)
+        print(f"logged {len(metrics)} metrics to MLflow run {target} under eval/{dataset}/")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("source", help="a .ckpt, run folder, Hugging Face folder or MLflow run id")
     ap.add_argument("--data", default=None, help="conf/data name (default: the run's own corpus)")
     ap.add_argument("--split", default="val", choices=("val", "train"))
+    ap.add_argument("--tokenizer", default=None,
+                    help="our tokenizer for a model that records none (e.g. an HF import)")
     ap.add_argument("--tokens", type=int, default=65_536, help="tokens to score (fixed, stated)")
+    ap.add_argument("--sequences", type=int, default=512, help="seq2seq: validation pairs to score")
     ap.add_argument("--block-size", type=int, default=None, help="default: the model's max_seq_len")
     ap.add_argument("--data-dir", default=str(repo_root() / "data_cache"))
     ap.add_argument("--tracking-uri", default=None)
@@ -95,11 +158,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         model, meta, run_id = load_model(args.source, args.tracking_uri)
-        prepared = _prepared(meta, args.data, Path(args.data_dir))
+        meta["_run_id"] = run_id
+        if args.tokenizer:
+            meta["tokenizer"] = {"name": args.tokenizer}
         cfg = model.cfg
+        prepared = None if cfg.arch == "encoder_decoder" else \
+            _prepared(meta, args.data, Path(args.data_dir))
         if cfg.arch == "encoder_decoder":
-            raise ValueError("seq2seq checkpoints: the exact-match figure is printed by "
-                             "scalelab-train at the end of the run (not yet in scalelab-eval)")
+            return _seq2seq(args, model, meta)
         block = min(args.block_size or cfg.max_seq_len, cfg.max_seq_len)
         tokens = prepared.tokens(args.split)
         model.to(args.device)
@@ -114,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     dataset = args.data or meta.get("data") or prepared.dir.name
-    metrics = {f"eval/{dataset}/{args.split}/{k}": v for k, v in res.metrics().items()}
     scored = f" ({res.n_tokens:,} masked and scored)" if res.objective == "mlm" else ""
     n_in = res.n_tokens if res.objective == "causal" else res.n_windows * block
     print(f"{dataset} {args.split}: {n_in:,} tokens in {res.n_windows} windows of {block}{scored}")
@@ -125,12 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if res.masked_accuracy is not None:
         print(f"   masked acc {res.masked_accuracy:.4f} ± {res.masked_accuracy_se:.4f}", end="")
     print()
-    target = args.run_id or run_id
-    if target:
-        from scalelab.tracking.existing import log_to_run
-
-        log_to_run(target, args.tracking_uri, metrics)
-        print(f"logged {len(metrics)} metrics to MLflow run {target} under eval/{dataset}/")
+    _log(args, meta, dataset, args.split, res)
     return 0
 
 

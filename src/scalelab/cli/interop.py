@@ -1,7 +1,7 @@
 """CLI glue for Hugging Face interop: ``scalelab-export --format hf`` and ``scalelab-import``.
 
     scalelab-export outputs/<run> --format hf --out exported/hf_model
-    scalelab-import path/to/hf_folder --out imported/ [--tokenizer gpt2]
+    scalelab-import path/to/hf_folder [--out imported/<name>] [--tokenizer gpt2]
 The conversions live in scalelab.interop; this file only reads and writes scalelab files.
 """
 
@@ -111,14 +111,16 @@ def import_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scalelab-import", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source", help="a local Hugging Face folder (config.json + model.safetensors)")
-    ap.add_argument("--out", required=True, help="folder for model.ckpt + config.json")
+    ap.add_argument("--out", default=None,
+                    help="folder for model.ckpt + config.json (default: imported/<folder name>)")
     ap.add_argument("--tokenizer", default=None,
                     help="scalelab tokenizer name to record (e.g. gpt2) for sample/eval")
     args = ap.parse_args(argv)
     from scalelab.interop.families import NoEquivalentError
 
     try:
-        info = import_to_checkpoint(args.source, args.out, args.tokenizer)
+        out = args.out or Path("imported") / Path(args.source.removeprefix("hf:")).name
+        info = import_to_checkpoint(args.source, out, args.tokenizer)
     except (FileNotFoundError, ValueError, NoEquivalentError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -130,7 +130,6 @@ def _pairs(cfg: ModelConfig, family: str) -> list[tuple[str, str, Fn, Fn]]:
             add(f"embed_norm.{p}", f"{e}.LayerNorm.{p}")
             add(f"mlm_transform.dense.{p}", f"cls.predictions.transform.dense.{p}")
             add(f"mlm_transform.norm.{p}", f"cls.predictions.transform.LayerNorm.{p}")
-        add("lm_head.bias", "cls.predictions.bias")
     if not cfg.tie_embeddings:
         add("lm_head.weight", "cls.predictions.decoder.weight" if family == "bert" else "lm_head.weight")
     return rows
@@ -150,6 +149,8 @@ def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     if family == "bert":
         d = cfg.d_model
         out["bert.embeddings.token_type_embeddings.weight"] = torch.zeros(1, d)
+        # the decoder's own bias is the one forward() adds; untied, it is not cls.predictions.bias
+        out["cls.predictions.bias"] = out["cls.predictions.decoder.bias"] = sd["lm_head.bias"]
     return {k: v.detach().to(torch.float32).contiguous() for k, v in out.items()}
 
 
@@ -173,6 +174,11 @@ def from_hf(cfg: ModelConfig, family: str, hf: dict[str, torch.Tensor]) -> dict[
                 sd[f"{a}.{p}_proj.weight"] = w[j * d:(j + 1) * d].contiguous()
                 sd[f"{a}.{p}_proj.bias"] = b[j * d:(j + 1) * d].contiguous()
     if family == "bert":
+        bias = hf.get("cls.predictions.decoder.bias", hf.get("cls.predictions.bias"))
+        if bias is None:
+            raise NoEquivalentError("the Hugging Face weights have no MLM head bias "
+                                    "(cls.predictions.bias): not a BertForMaskedLM checkpoint")
+        sd["lm_head.bias"] = bias
         # token_type_ids default to 0, so row 0 is added at every position: fold it into the
         # position table (exact for inputs without segment ids, which is all we feed).
         tt = hf.get("bert.embeddings.token_type_embeddings.weight")

@@ -3,7 +3,9 @@
 The first ``n_tokens`` predicted tokens of a split, in contiguous windows of ``block_size``
 (no sampling: two evaluations of one model give identical figures). The standard error is
 over windows (tokens inside a window are correlated, windows far less), so it is honest
-about how much the figure would move on another stretch of text.
+about how much the figure would move on another stretch of text. Losses are token-weighted
+(as in training's validation); rows of unequal length (MLM, seq2seq) use the ratio
+estimator's standard error.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class EvalResult:
     bits_per_byte_se: float | None = None
     masked_accuracy: float | None = None
     masked_accuracy_se: float | None = None
+    exact_match: float | None = None
+    exact_match_se: float | None = None
 
     def metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items() if isinstance(v, (int, float))
@@ -50,6 +54,18 @@ def _windows(tokens: np.ndarray, n_tokens: int, block_size: int) -> torch.Tensor
 def _se(per_window: torch.Tensor) -> float:
     n = per_window.numel()
     return float(per_window.std(unbiased=True) / math.sqrt(n)) if n > 1 else float("nan")
+
+
+def _ratio(sums: torch.Tensor, counts: torch.Tensor) -> tuple[float, float]:
+    """Token-weighted mean sum(s_i)/sum(n_i) over rows of unequal length, and its standard
+    error (the ratio estimator's: rows are the independent units)."""
+    sums, counts = sums.double(), counts.double()
+    mean = float(sums.sum() / counts.sum())
+    k = sums.numel()
+    if k < 2:
+        return mean, float("nan")
+    resid = sums - mean * counts
+    return mean, float(resid.pow(2).sum().div(k - 1).sqrt() / counts.mean() / math.sqrt(k))
 
 
 @torch.no_grad()
@@ -83,7 +99,7 @@ def evaluate_mlm(model: torch.nn.Module, tokens: np.ndarray, n_tokens: int, bloc
 
     win = _windows(tokens, n_tokens, block_size)[:, :-1]
     rng = np.random.default_rng(seed)
-    losses, accs, counted = [], [], 0
+    sums, hits, counts = [], [], []
     for i in range(0, len(win), batch_size):
         batch = mask_tokens(win[i:i + batch_size], rng, mask_prob, tokenizer.mask_id,  # type: ignore[attr-defined]
                             tokenizer.n_base, tokenizer.special_ids)  # type: ignore[attr-defined]
@@ -92,14 +108,40 @@ def evaluate_mlm(model: torch.nn.Module, tokens: np.ndarray, n_tokens: int, bloc
         keep = labels != -100
         nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none",
                               ignore_index=-100).view_as(labels)
-        hit = (logits.argmax(-1) == labels) & keep
-        for r in range(ids.shape[0]):
-            n = int(keep[r].sum())
-            if n:
-                losses.append(float(nll[r][keep[r]].mean()))
-                accs.append(float(hit[r].sum()) / n)
-                counted += n
-    per, acc = torch.tensor(losses), torch.tensor(accs)
-    loss, se = float(per.mean()), _se(per)
-    return EvalResult("mlm", counted, per.numel(), loss, se, math.exp(loss), math.exp(loss) * se,
-                      masked_accuracy=float(acc.mean()), masked_accuracy_se=_se(acc))
+        sums.append(nll.sum(1).cpu())
+        hits.append(((logits.argmax(-1) == labels) & keep).sum(1).cpu())
+        counts.append(keep.sum(1).cpu())
+    n = torch.cat(counts)
+    loss, se = _ratio(torch.cat(sums), n)
+    acc, acc_se = _ratio(torch.cat(hits), n)
+    return EvalResult("mlm", int(n.sum()), n.numel(), loss, se, math.exp(loss), math.exp(loss) * se,
+                      masked_accuracy=acc, masked_accuracy_se=acc_se)
+
+
+@torch.no_grad()
+def evaluate_seq2seq(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]],
+                     eos_id: int, device: str = "cpu") -> EvalResult:
+    """Teacher-forced loss per target token and greedy exact match per sequence (a sequence
+    counts only if every target token and the final eos are right, as in training's val)."""
+    sums, counts, exact = [], [], []
+    for batch in batches:
+        b = {k: v.to(device) for k, v in batch.items()}
+        labels = b["labels"]
+        logits = model(b["tgt_in"], attention_mask=b.get("tgt_mask"), src_ids=b["src_ids"],
+                       src_mask=b.get("src_mask")).float()
+        nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none",
+                              ignore_index=-100).view_as(labels)
+        keep = labels != -100
+        sums.append(nll.sum(1).cpu())
+        counts.append(keep.sum(1).cpu())
+        steps = labels.shape[1]
+        out = model.generate(b["tgt_in"][:, :1], steps, temperature=0.0,  # type: ignore[operator]
+                             src_ids=b["src_ids"], src_mask=b.get("src_mask"),
+                             eos_token_id=eos_id)[:, 1:]
+        if out.shape[1] < steps:  # every row stopped early: pad with eos, as training does
+            out = torch.cat([out, out.new_full((out.shape[0], steps - out.shape[1]), eos_id)], 1)
+        exact.append((((out == labels) | ~keep).all(1)).float().cpu())
+    n, em = torch.cat(counts), torch.cat(exact)
+    loss, se = _ratio(torch.cat(sums), n)
+    return EvalResult("seq2seq", int(n.sum()), n.numel(), loss, se, math.exp(loss), math.exp(loss) * se,
+                      exact_match=float(em.mean()), exact_match_se=_se(em))
