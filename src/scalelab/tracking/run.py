@@ -250,11 +250,13 @@ class Tracker:
             with contextlib.suppress(Exception):
                 self._system_monitor.finish()
         RunStatus.from_string(status)  # validates the name
+        # a KILLED run is usually on a grace period (docker 10 s, SLURM/k8s 30 s): wait less
+        wait = self.outage_wait_s if status != "KILLED" else min(self.outage_wait_s, 10.0)
         try:
             self.spool.set_terminated(status)
-            if self.spool.flush(self.outage_wait_s):
+            if self.spool.flush(wait):
                 return True
-            why = f"unreachable for {self.outage_wait_s:.0f} s"
+            why = f"unreachable for {wait:.0f} s"
         except Exception as e:  # a real error from a live server: say it in one line
             why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
         where = self.spool.path.parent if self.spool.path else "<run folder>"
