@@ -20,7 +20,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from pytorch_lightning.loggers import MLFlowLogger
 
-from scalelab.tracking.spool import Spool, read_pending
+from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
     experiment_artifact_location,
     is_remote,
@@ -315,8 +315,7 @@ def replay_pending(client: MlflowClient, run_id: str, folder: Path) -> int:
     if not ops:
         return 0
     spool = Spool(client, run_id, "", folder)
-    spool.pending = ops
-    for op in ops:
+    for op in coalesce(ops):
         spool._apply(op)  # raises on the first failure: the file stays for the next try
     (folder / "mlflow_pending.jsonl").unlink(missing_ok=True)
     log.warning("sent %d call(s) an earlier tracking outage had kept in %s", len(ops), folder)
