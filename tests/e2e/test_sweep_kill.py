@@ -1,11 +1,10 @@
 """Killed sweep points are reported as killed and resumed by a rerun (issue 11, faults 1, 5, 6).
 
-- SIGTERM to a point's training process after its first periodic checkpoint: the point is
-  KILLED (never "✓ val loss nan"), the other points still train, the sweep exits 1; a rerun
-  resumes that point's own MLflow run from its last.ckpt (sweeps set save_best=false, which
-  must not turn off last.ckpt) and exits 0.
-- SIGKILL of the whole sweep while a point trains: the rerun closes the orphaned RUNNING child
-  (its PID is gone) and resumes it from its checkpoint.
+One sweep of two points: SIGTERM to the first point's training process after its first
+periodic checkpoint (sweeps set save_best=false, which must not turn off last.ckpt): the point
+is KILLED, never "✓ val loss nan", and the sweep goes on; then SIGKILL of the whole sweep while
+the second point trains. The rerun closes the orphaned RUNNING child (its PID is gone), resumes
+both points' own MLflow runs from their checkpoints, and exits 0.
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ def _start(env, name: str) -> subprocess.Popen:
                             text=True, start_new_session=True, preexec_fn=_default_signals)
 
 
-def _wait_for_checkpointed_child(env, name: str, proc: subprocess.Popen):
-    """The first child run that is RUNNING and has a periodic last.ckpt in its run folder."""
+def _wait_for_checkpointed_child(env, name: str, proc: subprocess.Popen, skip: str = ""):
+    """The first child run (other than ``skip``) that is RUNNING and has a periodic last.ckpt."""
     root, e = env
     client = MlflowClient(e["MLFLOW_TRACKING_URI"])
     deadline = time.time() + 600
@@ -57,7 +56,7 @@ def _wait_for_checkpointed_child(env, name: str, proc: subprocess.Popen):
         if exp is not None:
             for r in client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'"):
                 point = r.data.tags.get("sweep_point")
-                if point and (root / "sweeps" / name / "runs" / point / "checkpoints" / "last.ckpt").is_file():
+                if point and r.info.run_id != skip and (root / "sweeps" / name / "runs" / point / "checkpoints" / "last.ckpt").is_file():
                     return r
         time.sleep(0.1)
     pytest.fail("no child reached its first checkpoint in time")
@@ -69,47 +68,33 @@ def _rerun(env, name: str) -> subprocess.CompletedProcess:
                           env=e, cwd=REPO, capture_output=True, text=True, timeout=900)
 
 
-def test_sigterm_point_is_killed_then_resumed(env):
-    _, e = env
-    client = MlflowClient(e["MLFLOW_TRACKING_URI"])
-    proc = _start(env, "term")
-    try:
-        child = _wait_for_checkpointed_child(env, "term", proc)
-        os.kill(int(child.data.tags["scalelab.pid"]), signal.SIGTERM)
-        out, _ = proc.communicate(timeout=900)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    point = child.data.tags["sweep_point"]
-    assert proc.returncode == 1, out[-3000:]
-    assert f"✗ {point}  KILLED" in out and "val loss nan" not in out, out[-3000:]
-    assert "1 trained now" in out and "1 failed" in out, out[-3000:]
-    assert client.get_run(child.info.run_id).info.status == "KILLED"
-
-    again = _rerun(env, "term")
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"resuming {point}" in again.stdout and "1 trained now" in again.stdout
-    run = client.get_run(child.info.run_id)  # the same run, continued
-    assert run.info.status == "FINISHED" and run.data.metrics["final/val_loss"] > 0
-
-
-def test_sigkilled_sweep_point_resumes_from_its_checkpoint(env):
+def test_killed_points_are_reported_and_resumed(env):
     _, e = env
     client = MlflowClient(e["MLFLOW_TRACKING_URI"])
     proc = _start(env, "kill")
     try:
-        child = _wait_for_checkpointed_child(env, "kill", proc)
+        # 1. SIGTERM to the first point's training process, after its first periodic checkpoint
+        first = _wait_for_checkpointed_child(env, "kill", proc)
+        os.kill(int(first.data.tags["scalelab.pid"]), signal.SIGTERM)
+        # 2. the sweep goes on with the other point; SIGKILL everything once it has a checkpoint
+        second = _wait_for_checkpointed_child(env, "kill", proc, skip=first.info.run_id)
+        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its training process, at once
+        out, _ = proc.communicate(timeout=60)
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its training process, at once
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        proc.stdout.close()
-    assert client.get_run(child.info.run_id).info.status == "RUNNING"  # nobody could close it
+    p1, p2 = first.data.tags["sweep_point"], second.data.tags["sweep_point"]
+    assert p1 != p2
+    assert f"✗ {p1}  KILLED" in out and "val loss nan" not in out, out[-3000:]
+    assert client.get_run(first.info.run_id).info.status == "KILLED"
+    assert client.get_run(second.info.run_id).info.status == "RUNNING"  # nobody could close it
 
     again = _rerun(env, "kill")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "closed 1 child run(s) left RUNNING" in again.stdout
-    assert f"resuming {child.data.tags['sweep_point']}" in again.stdout
-    run = client.get_run(child.info.run_id)
-    assert run.info.status == "FINISHED" and run.data.metrics["final/val_loss"] > 0
+    assert f"resuming {p1}" in again.stdout and f"resuming {p2}" in again.stdout
+    assert "2 trained now" in again.stdout
+    for child in (first, second):  # the same runs, continued to the end
+        run = client.get_run(child.info.run_id)
+        assert run.info.status == "FINISHED" and run.data.metrics["final/val_loss"] > 0

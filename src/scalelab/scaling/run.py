@@ -494,8 +494,9 @@ class SweepRunner:
 
 
 def _touched_since(c: Any, started: float) -> bool:
-    """Started or ended during this launch (a resumed child keeps its old start time)."""
-    return max(c.start_time, c.end_time or 0) >= started * 1000 - 1000
+    """Started or ended during this launch (a resumed child keeps its old start time). The
+    end time gets no slack: close_stale ends orphaned children just before the launch."""
+    return c.start_time >= started * 1000 - 1000 or (c.end_time or 0) > started * 1000
 
 
 class HeldoutScorer:

@@ -20,7 +20,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from pytorch_lightning.loggers import MLFlowLogger
 
-from scalelab.tracking.spool import Spool, read_pending
+from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
     experiment_artifact_location,
     is_remote,
@@ -268,11 +268,13 @@ class Tracker:
         if self.multirun_parent_id:  # the multirun's parent shows its latest job's outcome
             with contextlib.suppress(Exception):
                 self.client.set_terminated(self.multirun_parent_id, status)
+        # a KILLED run is usually on a grace period (docker 10 s, SLURM/k8s 30 s): wait less
+        wait = self.outage_wait_s if status != "KILLED" else min(self.outage_wait_s, 10.0)
         try:
             self.spool.set_terminated(status)
-            if self.spool.flush(self.outage_wait_s):
+            if self.spool.flush(wait):
                 return True
-            why = f"unreachable for {self.outage_wait_s:.0f} s"
+            why = f"unreachable for {wait:.0f} s"
         except Exception as e:  # a real error from a live server: say it in one line
             why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
         where = self.spool.path.parent if self.spool.path else "<run folder>"
@@ -335,8 +337,7 @@ def replay_pending(client: MlflowClient, run_id: str, folder: Path) -> int:
     if not ops:
         return 0
     spool = Spool(client, run_id, "", folder)
-    spool.pending = ops
-    for op in ops:
+    for op in coalesce(ops):
         spool._apply(op)  # raises on the first failure: the file stays for the next try
     (folder / "mlflow_pending.jsonl").unlink(missing_ok=True)
     log.warning("sent %d call(s) an earlier tracking outage had kept in %s", len(ops), folder)

@@ -131,6 +131,7 @@ class Spool:
             self._last_try = now
             if self._server_down():
                 return False
+            self.pending = coalesce(self.pending)  # ~1000 values per request, not one step
             sent = 0
             try:
                 while self.pending:
@@ -193,6 +194,21 @@ def apply_batch(client: MlflowClient, run_id: str, op: dict[str, Any]) -> None:
         client.log_batch(run_id, tags=tags)
     for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+
+
+def coalesce(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Adjacent metric/param/tag batches merged into one (order kept; apply_batch chunks it)."""
+    out: list[dict[str, Any]] = []
+    for op in ops:
+        prev = out[-1] if out else None
+        if (op["op"] == "batch" and prev is not None and prev["op"] == "batch"
+                and len(prev["metrics"]) + len(op["metrics"]) <= MAX_METRICS_PER_BATCH
+                and len(prev["tags"]) + len(op["tags"]) <= MAX_PARAMS_PER_BATCH):
+            out[-1] = {"op": "batch", "metrics": prev["metrics"] + op["metrics"],
+                       "params": prev["params"] + op["params"], "tags": prev["tags"] + op["tags"]}
+        else:
+            out.append(op)
+    return out
 
 
 def read_pending(folder: Path) -> list[dict[str, Any]]:
