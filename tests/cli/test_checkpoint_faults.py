@@ -171,3 +171,16 @@ def test_a_small_tmpdir_does_not_fail_checkpoints(tmp_path: Path, train_cli) -> 
         assert last.stat().st_size > 2_000_000 and verify(last) is None  # 3 MB through a 1 MB $TMPDIR
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+def test_sample_of_a_run_folder_skips_a_truncated_last_ckpt(finished_run: Path, tmp_path: Path,
+                                                            train_cli) -> None:
+    import sys
+
+    run, _ = _copy(finished_run, tmp_path, train_cli)
+    last = run / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])
+    r = subprocess.run([sys.executable, "-m", "scalelab.cli.sample", str(run), "--max-new-tokens", "5"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"skipped {last} (truncated" in r.stderr
