@@ -149,3 +149,38 @@ def test_full_disk_is_one_line_naming_the_path_and_the_run_is_failed(tmp_path: P
             assert verify(ck) is None, ck  # whatever is left is trusted AND whole
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_small_tmpdir_does_not_fail_checkpoints(tmp_path: Path, train_cli) -> None:
+    """Checkpoints are staged next to their destination, not in $TMPDIR (a 1 MB tmpfs here)."""
+    from scalelab.training.checkpoint import verify
+
+    small = tmp_path / "tmpdir"
+    small.mkdir()
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+                       capture_output=True, text=True)
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {m.stderr.strip()}")
+    try:
+        run = tmp_path / "run"
+        r = train_cli.run(*TINY, "model.d_model=96", "model.n_layers=2", "train.max_steps=5",
+                          f"paths.output_dir={run}", *train_cli.isolated(tmp_path),
+                          env=train_cli.env(TMPDIR=str(small)), timeout=300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        last = run / "checkpoints" / "last.ckpt"
+        assert last.stat().st_size > 2_000_000 and verify(last) is None  # 3 MB through a 1 MB $TMPDIR
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+def test_sample_of_a_run_folder_skips_a_truncated_last_ckpt(finished_run: Path, tmp_path: Path,
+                                                            train_cli) -> None:
+    import sys
+
+    run, _ = _copy(finished_run, tmp_path, train_cli)
+    last = run / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])
+    r = subprocess.run([sys.executable, "-m", "scalelab.cli.sample", str(run), "--max-new-tokens", "5"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"skipped {last} (truncated" in r.stderr

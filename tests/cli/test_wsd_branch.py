@@ -48,7 +48,12 @@ def test_step_checkpoint_then_branch_is_a_new_run_from_that_step(tmp_path: Path,
     assert steps[0] > 6 - 1 and steps[-1] <= 8  # logging continues from step 6, not from 0
     lrs = {m.step: m.value for m in client.get_metric_history(branch["run_id"], "lr")}
     main_lrs = {m.step: m.value for m in client.get_metric_history(main["run_id"], "lr")}
-    assert min(lrs.values()) < max(main_lrs.values())  # the branch decays, the main was stable there
+    peak, floor = 1e-3, 1e-4  # optim.lr and min_lr_ratio=0.1 of conf/optim/wsd.yaml
+    # the branch starts at the main run's stable lr, at the main's step 6 ...
+    assert sorted(lrs) == [6, 7] and lrs[6] == pytest.approx(main_lrs[6]) == pytest.approx(peak)
+    # ... and cools down to the floor over its last 2 steps, where the main was still stable
+    assert lrs[7] == pytest.approx(floor) and main_lrs[7] == pytest.approx(peak)
+    assert main_lrs[12] == pytest.approx(peak) and main_lrs[15] == pytest.approx(floor)
     assert client.get_run(main["run_id"]).info.status == "FINISHED"  # untouched by the branch
 
 

@@ -118,8 +118,12 @@ def test_mlm_proportions(shakespeare_char):
     tok = shakespeare_char.tokenizer
     sel = masked = rand = kept = total = 0
     it = iter(dm.train_dataloader())
-    for _ in range(10):
+    maker = dm._train_maker(0)
+    for k in range(10):
         b = next(it)
+        # the same windows, unmasked: batch k draws its starts first from rng(seed, rank, k)
+        rng = np.random.default_rng([maker.seed, maker.rank, k])
+        original = maker.w.take(rng.integers(0, len(maker.w) - maker.w.length + 1, maker.bs))
         assert b["attention_mask"].all()
         x, y = b["input_ids"], b["labels"]
         s = y != -100
@@ -128,7 +132,8 @@ def test_mlm_proportions(shakespeare_char):
         masked += (x[s] == tok.mask_id).sum().item()
         kept += (x[s] == y[s]).sum().item()
         rand += ((x[s] != y[s]) & (x[s] != tok.mask_id)).sum().item()
-        assert torch.equal(x[~s], x[~s])  # unselected positions untouched
+        assert torch.equal(x[~s], original[~s])  # unselected positions untouched
+        assert torch.equal(y[s], original[s])  # labels are the original tokens
         assert (x < tok.vocab_size).all()
     n = total
     # 81920 tokens: 3-sigma bands

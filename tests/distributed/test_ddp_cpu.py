@@ -66,7 +66,8 @@ def test_ddp_two_cpu_processes_one_run_same_loss(single_run: Path, tmp_path: Pat
     assert any(a == f'hydra.run.dir="{folder}"' for a in children[0])
 
     # checkpoint written once: one file per kind, uploaded to MLflow once
-    assert sorted(f.name for f in (folder / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert sorted(f.name for f in (folder / "checkpoints").iterdir()) == [
+        "best.ckpt", "best.ckpt.sha256", "last.ckpt", "last.ckpt.sha256"]  # + size/hash sidecars
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")

@@ -28,7 +28,8 @@ def test_all_approaches_and_cis(results):
     for key in ("approach3.alpha", "approach3.beta", "approach3.E", "approach3.A", "approach3.B",
                 "approach3.a", "approach3.b", "approach3.tokens_per_param", "approach2.a", "approach2.b"):
         e = est[key]
-        assert e.n >= 18 and e.lo <= e.hi, key
+        assert e.n >= 18 and e.lo < e.hi, key  # a real interval, not a point
+        assert e.lo <= e.value <= e.hi, (key, e)  # around the estimate it belongs to
     # Bootstrap CIs contain the true values.
     for key, truth in (("approach3.alpha", 0.34), ("approach3.beta", 0.28), ("approach3.a", TRUE_A),
                        ("approach2.a", TRUE_A)):

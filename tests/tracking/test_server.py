@@ -67,8 +67,18 @@ def test_run_logged_to_tracking_server(tmp_path: Path, shared_data_dir: Path, ml
     t = run.data.tags
     for key in ("command", "host", "scalelab.version", "scalelab.output_dir", "purpose"):
         assert key in t, key
-    assert (t["purpose"] == "test" and "scalelab.cli.train" in t["command"]) or "train" in t["command"]
-    assert "git.dirty" in t or "git.commit" not in t  # git info when a repo is there
+    assert t["purpose"] == "test"
+    cmd = t["command"].split()
+    assert cmd[0] in ("train.py", "scalelab-train") and "run_name=child" in cmd, t["command"]
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=train_cli.repo, capture_output=True,
+                          text=True)
+    if head.returncode == 0:  # a git checkout (CI, dev): the run names its exact commit
+        assert t["git.commit"] == head.stdout.strip()
+        assert t["git.dirty"] in ("true", "false")
+    else:  # an unpacked sdist: no git tags rather than wrong ones
+        assert "git.commit" not in t
 
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config", "checkpoints", "sample.txt"} <= arts, arts

@@ -49,8 +49,10 @@ def test_throughput_monitor_logs_tokens_and_mfu() -> None:
     assert m["perf/flops_per_sec"] == pytest.approx(
         m["perf/tokens_per_sec"] * module.model_cfg.flops_per_token(training=True, seq_len=T), rel=1e-6
     )
-    assert 0 < m["perf/mfu"] < 1.5
     assert mon.peak and mon.peak > 0
+    # MFU is achieved / peak FLOP/s of the one device, and a real run never reaches the peak
+    assert m["perf/mfu"] == pytest.approx(m["perf/flops_per_sec"] / mon.peak, rel=1e-6)
+    assert 0 < m["perf/mfu"] < 1.0
     assert set(mon.summary) >= {"perf/tokens_per_sec", "perf/mfu"}
     # tokens_seen counts every micro-batch of the accumulation window
     assert module.tokens_seen == steps * accum * bs * T == m["tokens_seen"]

@@ -182,3 +182,30 @@ def test_a_genuine_sharded_folder_still_reads(tmp_path: Path) -> None:
     (got,) = ck["optimizer_states"]  # non-tensor items came through the weights_only planner
     assert got["param_groups"] == [{"lr": 0.1, "params": [0]}]
     assert torch.equal(got["state"]["0"]["step"], torch.tensor(2.0))  # DCP keys are strings
+
+
+def test_every_torch_load_in_the_package_passes_weights_only_true() -> None:
+    """Explicit weights_only=True is what TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD cannot override."""
+    import ast
+
+    src = Path(__file__).resolve().parents[2] / "src" / "scalelab"
+    bad = []
+    for f in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "load" and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "torch"):
+                kw = {k.arg: k.value for k in node.keywords}
+                ok = isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True
+                if not ok:
+                    bad.append(f"{f.relative_to(src)}:{node.lineno}")
+    assert not bad, f"torch.load without weights_only=True: {bad}"
+
+
+def test_torch_floor_covers_the_apis_the_code_uses() -> None:
+    import re
+
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    floor = re.search(r'"torch>=(\d+)\.(\d+)', pyproject)
+    assert floor, "pyproject.toml pins no torch floor"
+    assert (int(floor[1]), int(floor[2])) >= (2, 6), "get_total_norm needs torch 2.6, enable_gqa 2.5"

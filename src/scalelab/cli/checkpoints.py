@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,16 @@ def find_checkpoint(path: str | Path) -> Path:
     p = Path(path).expanduser().resolve()
     p = _consolidated_if_sharded(p)
     if p.is_dir():
-        for cand in (p / "checkpoints" / "last.ckpt", p / "last.ckpt", p / "checkpoints" / "best.ckpt"):
-            cand = _consolidated_if_sharded(cand)
-            if cand.is_file():
-                return cand
-        raise FileNotFoundError(f"{p}: no checkpoints/last.ckpt in this folder; pass a .ckpt file")
+        from scalelab.training.checkpoint import newest_verified
+
+        # a run folder: the newest checkpoint that verifies (a truncated last.ckpt is skipped)
+        chosen, skipped = newest_verified(p / "checkpoints" if (p / "checkpoints").is_dir() else p)
+        for path, why in skipped:
+            print(f"warning: skipped {path} ({why})", file=sys.stderr)
+        if chosen is not None:
+            return _consolidated_if_sharded(chosen)
+        raise FileNotFoundError(f"{p}: no usable checkpoint in this folder (checkpoints/last.ckpt "
+                                "or best.ckpt); pass a .ckpt file")
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such checkpoint file or run folder")
     return p
