@@ -156,25 +156,37 @@ class PlainLoop:
         self.opt.zero_grad(set_to_none=True)
         return loss
 
-    def timed_step(self) -> float:
+    def timed_step(self) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of this process) of one step."""
         sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         self.step()
         sync()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
-def run_interleaved(loops: dict[str, PlainLoop], steps: int, skip: int = 3) -> dict[str, list[float]]:
-    """Seconds per step of each loop, alternating one step each (A B A B ...), so a change in
-    the machine's load hits both sides alike; the first ``skip`` steps are warm-up."""
-    times: dict[str, list[float]] = {k: [] for k in loops}
+def run_interleaved(loops: dict[str, PlainLoop], steps: int,
+                    skip: int = 3) -> dict[str, list[tuple[float, float]]]:
+    """(wall, CPU) seconds per step of each loop, alternating one step each (A B A B ...), so a
+    change in the machine's load hits both sides alike; the first ``skip`` steps are warm-up."""
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in loops}
     for k in range(steps + skip):
         for side, loop in loops.items():
             dt = loop.timed_step()
             if k >= skip:
                 times[side].append(dt)
     return times
+
+
+def window_metric(db: Path, run_id: str, key: str) -> float | None:
+    """Median of a metric's logged values in a run (read straight from the SQLite store)."""
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        vals = [v for (v,) in con.execute(
+            "SELECT value FROM metrics WHERE run_uuid = ? AND key = ?", (run_id, key))]
+    return statistics.median(vals) if vals else None
 
 
 # --- the platform (side 3) --------------------------------------------------------------------
@@ -199,7 +211,10 @@ def run_platform(overrides: list[str], steps: int, workdir: Path, threads: int,
     ttfs = m.get("final/time_to_first_step")
     tokens = float(m["final/tokens_seen"])
     train_s = tokens / tok_s  # steady-state time the steps alone would take
-    return {"tokens_per_s": tok_s, "wall_s": wall, "time_to_first_step_s": ttfs,
+    cpu = window_metric(workdir / "mlruns.db", s["run_id"], "perf/tokens_per_cpu_sec") \
+        if s.get("run_id") else None
+    return {"tokens_per_s": tok_s, "tokens_per_cpu_s": cpu, "wall_s": wall,
+            "time_to_first_step_s": ttfs,
             "overhead_share": max(0.0, (wall - (ttfs or 0.0) - train_s) / wall),
             "mfu": m.get("final/mfu"), "val_loss": s.get("final_val_loss")}
 
@@ -221,27 +236,36 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
         loops["ref"] = PlainLoop(ReferenceLM(mcfg), prep, "ref", device, amp, compile=gpu)
     loops["model"] = PlainLoop(Transformer(mcfg), prep, "model", device, amp, compile=gpu)
     step_times: dict[str, list[float]] = {k: [] for k in loops}
+    step_cpu: dict[str, list[float]] = {k: [] for k in loops}
     plat: list[dict[str, Any]] = []
     for r in range(rounds):
         for side, times in run_interleaved(loops, loop_steps).items():
-            step_times[side].append(statistics.median(times))
+            step_times[side].append(statistics.median(t for t, _ in times))
+            step_cpu[side].append(statistics.median(c for _, c in times))
         plat.append(run_platform(overrides, platform_steps, workdir, threads, gpu))
         log(f"  {name} round {r + 1}/{rounds}: " + ", ".join(
             f"{s} {loop.tokens / step_times[s][-1]:,.0f} tok/s" for s, loop in loops.items())
-            + f", platform {plat[-1]['tokens_per_s']:,.0f} tok/s")
+            + f", platform {plat[-1]['tokens_per_s']:,.0f} tok/s; per CPU-second: " + ", ".join(
+                f"{s} {loop.tokens / step_cpu[s][-1]:,.0f}" for s, loop in loops.items())
+            + f", platform {fmt(plat[-1]['tokens_per_cpu_s'])}")
     res: dict[str, Any] = {"preset": name, "tokens_per_step": loops["model"].tokens,
                            "params": mcfg.n_params()}
     for side, loop in loops.items():
         res[f"{side}_tokens_per_s"] = loop.tokens / statistics.median(step_times[side])
-    for key in ("tokens_per_s", "wall_s", "time_to_first_step_s", "overhead_share", "mfu"):
+        res[f"{side}_tokens_per_cpu_s"] = loop.tokens / statistics.median(step_cpu[side])
+    for key in ("tokens_per_s", "tokens_per_cpu_s", "wall_s", "time_to_first_step_s",
+                "overhead_share", "mfu"):
         vals = [p[key] for p in plat if p.get(key) is not None]
         res[f"platform_{key}"] = statistics.median(vals) if vals else None
     res["platform_steps"] = platform_steps
     if "ref" in loops:
         res["ref_wall_s"] = platform_steps * statistics.median(step_times["ref"])  # no start-up
         res["model/ref"] = res["model_tokens_per_s"] / res["ref_tokens_per_s"]
+        res["model/ref_cpu"] = res["model_tokens_per_cpu_s"] / res["ref_tokens_per_cpu_s"]
         res["platform_wall/ref_wall"] = res["platform_wall_s"] / res["ref_wall_s"]
     res["platform/model"] = res["platform_tokens_per_s"] / res["model_tokens_per_s"]
+    if res.get("platform_tokens_per_cpu_s"):
+        res["platform/model_cpu"] = res["platform_tokens_per_cpu_s"] / res["model_tokens_per_cpu_s"]
     return res
 
 
@@ -360,24 +384,31 @@ def fmt(v: Any, spec: str = ",.0f") -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     head = (f"{'preset':<17}{'ref tok/s':>11}{'model tok/s':>12}{'platform':>10}{'(2)/(1)':>9}"
-            f"{'(3)/(2)':>9}{'1st step':>9}{'overhead':>9}{'wall 3/1':>9}")
+            f"{'(3)/(2)':>9}{'cpu 2/1':>9}{'cpu 3/2':>9}{'1st step':>9}{'overhead':>9}{'wall 3/1':>9}")
     rows = [head, "-" * len(head)]
     for r in results:
         rows.append(
             f"{r['preset']:<17}{fmt(r.get('ref_tokens_per_s')):>11}{fmt(r['model_tokens_per_s']):>12}"
             f"{fmt(r['platform_tokens_per_s']):>10}{fmt(r.get('model/ref'), '.2f'):>9}"
-            f"{fmt(r['platform/model'], '.2f'):>9}{fmt(r['platform_time_to_first_step_s'], '.1f'):>8}s"
+            f"{fmt(r['platform/model'], '.2f'):>9}{fmt(r.get('model/ref_cpu'), '.2f'):>9}"
+            f"{fmt(r.get('platform/model_cpu'), '.2f'):>9}"
+            f"{fmt(r['platform_time_to_first_step_s'], '.1f'):>8}s"
             f"{fmt(100 * r['platform_overhead_share'] if r['platform_overhead_share'] is not None else None, '.0f'):>8}%"
             f"{fmt(r.get('platform_wall/ref_wall'), '.2f'):>9}")
     return "\n".join(rows)
 
 
-def misses(results: list[dict[str, Any]], threads: dict[str, Any] | None) -> list[str]:
+def misses(results: list[dict[str, Any]], threads: dict[str, Any] | None,
+           busy: bool = False) -> list[str]:
+    """Every figure off its target. ``busy``: other work shared the cores, so the throughput
+    ratios are judged per CPU-second (``*_cpu``) where measured, not per wall second."""
     out = []
     for r in results:
         for key in ("model/ref", "platform/model"):
-            if r.get(key) is not None and r[key] < TARGETS[key]:
-                out.append(f"{r['preset']}: {key} {r[key]:.2f} < {TARGETS[key]}")
+            got = r.get(f"{key}_cpu") if busy and r.get(f"{key}_cpu") is not None else r.get(key)
+            if got is not None and got < TARGETS[key]:
+                basis = " (per CPU-second)" if busy and r.get(f"{key}_cpu") is not None else ""
+                out.append(f"{r['preset']}: {key} {got:.2f} < {TARGETS[key]}{basis}")
         t = r.get("platform_time_to_first_step_s")
         if t is not None and t > TARGETS["time_to_first_step_s"]:
             out.append(f"{r['preset']}: time to first step {t:.1f} s > {TARGETS['time_to_first_step_s']} s")
@@ -393,7 +424,7 @@ def misses(results: list[dict[str, Any]], threads: dict[str, Any] | None) -> lis
 
 
 COMPARED = ("ref_tokens_per_s", "model_tokens_per_s", "platform_tokens_per_s", "model/ref",
-            "platform/model")
+            "platform/model", "model/ref_cpu", "platform/model_cpu")
 
 
 def compare(old_path: str, new_path: str, tolerance: float) -> int:
@@ -470,7 +501,10 @@ def main(argv: list[str] | None = None) -> int:
     out = {"mode": mode, "threads": plan.threads, "load_start": load, "load_end": os.getloadavg()[0],
            "seconds": time.time() - t0, "torch": torch.__version__, "presets": results,
            "thread_bench": threads, "memory": memory, "targets": TARGETS}
-    missed = misses(results, threads)
+    busy = load > 0.5 * plan.cores
+    if busy:
+        print(f"  load {load:.1f} on {plan.cores} cores: throughput ratios judged per CPU-second")
+    missed = misses(results, threads, busy)
     out["missed"] = missed
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -57,6 +57,15 @@ def test_misses_names_every_ratio_below_target() -> None:
     assert "b " in table([bad]).splitlines()[2][:3]
 
 
+def test_busy_machine_judges_throughput_per_cpu_second() -> None:
+    row = _row("c", 1000, 800, 800)  # wall ratios below target: the load hit side 2 harder
+    row.update({"model/ref_cpu": 1.01, "platform/model_cpu": 0.99})
+    assert any("model/ref" in m for m in misses([row], None, busy=False))
+    assert misses([row], None, busy=True) == []
+    row["platform/model_cpu"] = 0.9
+    assert misses([row], None, busy=True) == ["c: platform/model 0.90 < 0.97 (per CPU-second)"]
+
+
 @pytest.mark.slow
 def test_quick_bench_runs_end_to_end(tmp_path: Path) -> None:
     """The smallest real run: encoder-decoder preset (synthetic data, no cache), one round."""

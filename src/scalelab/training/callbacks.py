@@ -28,7 +28,8 @@ class ThroughputMonitor(pl.Callback):
 
     Metrics: perf/tokens_per_sec (all devices, in the progress bar),
     perf/tokens_per_sec_per_device, perf/flops_per_sec, perf/flops_per_sec_per_device,
-    perf/mfu. ``summary`` holds the run averages over all measured windows, and
+    perf/mfu, and on CPU perf/tokens_per_cpu_sec (per CPU-second of this process, which stays
+    meaningful on a shared machine). ``summary`` holds the run averages over all measured windows, and
     perf/time_to_first_step: seconds from process start to the end of the first step.
     """
 
@@ -41,6 +42,7 @@ class ThroughputMonitor(pl.Callback):
         self.world_size = 1
         self.summary: dict[str, float] = {}
         self._t0: float | None = None
+        self._cpu0 = 0.0
         self._tokens0 = 0
         self._flops0 = 0.0
         self._last_step = -1
@@ -56,6 +58,7 @@ class ThroughputMonitor(pl.Callback):
     def _start_window(self, pl_module: Any) -> None:
         self._sync(pl_module)
         self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
         self._tokens0 = int(pl_module.tokens_seen)
         self._flops0 = float(pl_module.flops_seen)
 
@@ -86,6 +89,7 @@ class ThroughputMonitor(pl.Callback):
             return
         self._sync(pl_module)
         dt = time.perf_counter() - self._t0
+        cpu = time.process_time() - self._cpu0
         tokens = int(pl_module.tokens_seen) - self._tokens0
         flops = float(pl_module.flops_seen) - self._flops0
         if dt <= 0 or tokens <= 0:
@@ -94,6 +98,10 @@ class ThroughputMonitor(pl.Callback):
         self._total_tokens += tokens
         self._total_flops += flops
         metrics = self._metrics(tokens, flops, dt)
+        if pl_module.device.type == "cpu" and cpu > 0:
+            # tokens per CPU-second of this process: its efficiency even when other jobs
+            # share the cores (wall-clock rates then measure the neighbours as much as us)
+            metrics["perf/tokens_per_cpu_sec"] = tokens / cpu
         for k, v in metrics.items():
             pl_module.log(k, v, on_step=True, on_epoch=False, prog_bar=(k == "perf/tokens_per_sec"))
         first = self.summary.get("perf/time_to_first_step")
