@@ -44,10 +44,20 @@ def main() -> None:
     runs = pd.read_csv(args.runs_csv)
     runs = runs[runs.get("stage", "main") == "main"] if "stage" in runs else runs
     cases = {"full study": runs}
-    if "val_loss" in runs and runs["val_loss"].notna().all():
-        cases["eval: in-training val loss"] = runs.assign(loss=runs["val_loss"], loss_se=np.nan)
     if "replicate" in runs and runs["replicate"].nunique() > 1:
-        cases["seeds: replicate 0 only"] = runs[runs["replicate"] == 0]
+        # only budgets whose every point has all its seeds (a second-seed pass may be partial)
+        k = runs["replicate"].nunique()
+        full = runs.groupby("budget")["group_id"].agg(lambda g: g.value_counts().min() == k
+                                                      and g.nunique() * k == len(g))
+        rep = runs[runs["budget"].isin(full[full].index)]
+        if rep["budget"].nunique() >= 2:
+            cases[f"seeds: {k} seeds, budgets {sorted(rep['budget'].unique())}"] = rep
+            cases["seeds: 1 seed, same budgets"] = rep[rep["replicate"] == 0]
+        runs = runs[runs["replicate"] == 0]
+        cases["full study"] = runs
+    if "val_loss" in runs and runs["val_loss"].notna().all():
+        cases["eval: in-training val loss (4k tokens)"] = runs.assign(loss=runs["val_loss"],
+                                                                     loss_se=np.nan)
     budgets = np.sort(runs["budget"].unique())
     if len(budgets) >= 5:
         cases["budgets: every other one"] = runs[runs["budget"].isin(budgets[::2])]

@@ -304,7 +304,7 @@ def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, p
     print_results(results)
     report_dir = sweep_dir / "report"
     files = write_report(results, report_dir, plan=pd.DataFrame(plan.rows()), tune=tuned,
-                         runs_detail=collected.runs)
+                         runs_detail=collected.runs, lr_law=plan.lr_law)
     parent.log_artifacts(report_dir, "report")
     metrics = {}
     for name, vf in results.variants.items():

@@ -303,7 +303,7 @@ def _tune_md(tune, out: Path) -> list[str]:
 
 
 def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
-                 runs_detail=None) -> list[Path]:
+                 runs_detail=None, lr_law: dict | None = None) -> list[Path]:
     """Write PNG plots and ``report.md`` into out_dir; return the written paths.
 
     ``plan``: optional DataFrame (or records) of the sweep plan, shown as the first table.
@@ -331,6 +331,11 @@ def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
     if tune is not None:
         md += _tune_md(tune, out)
         written.append(out / "tune.png")
+    elif lr_law:
+        md += ["## Hyperparameters per size", "",
+               f"Every point's peak lr from the measured law lr\\*(N) = {lr_law['coef']:.4g} · "
+               f"N^{lr_law['exponent']:.3f} (sweep.lr_law, e.g. an earlier tune stage's law.json).",
+               ""]
     for vf in results.variants.values():
         sfx = _suffix(results, vf)
         plots: dict[str, str] = {}
