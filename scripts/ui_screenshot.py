@@ -105,8 +105,12 @@ CLOSE_ASSISTANT_JS = """(() => {
 
 
 def screenshot(url: str, out: Path, width: int = 1500, height: int = 900, wait: float = 8.0,
-               expand: bool = False, close_assistant: bool = False, click: str | None = None) -> str:
-    """Save a PNG of ``url``; returns the page's visible text."""
+               expand: bool = False, close_assistant: bool = False, click: str | None = None,
+               until: str | None = None) -> str:
+    """Save a PNG of ``url``; returns the page's visible text.
+
+    ``until``: wait (up to ``wait`` seconds) for this text to appear instead of a fixed wait.
+    """
     chrome = Chromium(width, height)
     try:
         target = chrome.call("Target.createTarget", url="about:blank")["targetId"]
@@ -115,7 +119,13 @@ def screenshot(url: str, out: Path, width: int = 1500, height: int = 900, wait: 
         chrome.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
                     deviceScaleFactor=1, mobile=False)
         chrome.call("Page.navigate", url=url)
-        time.sleep(wait)
+        if until:
+            end = time.time() + wait
+            while time.time() < end and until not in str(chrome.js("document.body.innerText")):
+                time.sleep(0.5)
+            time.sleep(1.0)  # let the rest of the page settle
+        else:
+            time.sleep(wait)
         if close_assistant:
             chrome.js(CLOSE_ASSISTANT_JS)
             time.sleep(1.0)

@@ -155,3 +155,25 @@ def test_multirun_jobs_are_numbered_under_a_parent(tmp_path: Path, train_cli) ->
     assert {k.data.tags["mlflow.parentRunId"] for k in kids} == {parents[0].info.run_id}
     assert "model.n_layers=2" in kids[1].data.tags["scalelab.overrides"]
     assert parents[0].info.status == "FINISHED"
+
+
+def test_git_tags_come_from_the_source_tree_not_the_output_root(tmp_path: Path) -> None:
+    import subprocess
+
+    from scalelab.tracking.meta import run_tags
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                          capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    tags = run_tags(tmp_path)  # an output root outside any repository
+    assert tags["git.commit"] == head.stdout.strip()
+    assert tags["git.dirty"] in ("true", "false")
+
+
+def test_final_values_read_tags_and_older_metrics() -> None:
+    from scalelab.tracking import final_values
+
+    assert final_values({"final.val_loss": "2.5", "final.steps": "12", "other": "x"},
+                        {"final/val_bpb": 3.0, "val/loss": 2.6}) == {
+        "val_loss": 2.5, "steps": 12.0, "val_bpb": 3.0}

@@ -94,8 +94,12 @@ def test_multirun_sweep_with_ddp(launcher: str, tmp_path: Path, data_file: Path,
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert jobs == ["0", "1"], jobs  # exactly 2 job folders, nothing relaunched
     assert not run_folders(work)  # no stray single-run folder from a rank
-    rs = runs(work)
-    assert len(rs) == 2, [r.info.run_name for r in rs]  # exactly 2 runs (one per point)
+    every = runs(work)
+    # one parent run for the multirun, then exactly 2 runs (one per point) under it
+    (parent,) = [r for r in every if r.data.tags.get("scalelab.multirun_role") == "parent"]
+    rs = [r for r in every if r is not parent]
+    assert len(rs) == 2, [r.info.run_name for r in every]
+    assert {r.data.tags.get("mlflow.parentRunId") for r in rs} == {parent.info.run_id}
     assert sorted(float(r.data.params["lr"]) for r in rs) == [1e-3, 2e-3]
     assert {r.data.params["world_size"] for r in rs} == {"2"}
     assert {r.info.status for r in rs} == {"FINISHED"}

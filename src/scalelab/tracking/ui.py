@@ -100,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     return serve(cmd)
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the server if this wrapper dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+
+
 def serve(cmd: list[str], grace: float = 10.0) -> int:
     """Run ``cmd`` in its own process group and take the whole group down with this process.
 
@@ -108,7 +116,7 @@ def serve(cmd: list[str], grace: float = 10.0) -> int:
     server process, and whatever is still alive ``grace`` seconds later is killed, so
     `kill <pid of make ui>` always frees the port.
     """
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent)
     stopping: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
