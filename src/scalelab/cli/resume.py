@@ -111,8 +111,7 @@ def _check(point: ResumePoint, cfg: DictConfig, out_dir: Path, *, max_steps: int
            model_config: dict[str, Any], objective: str, tokenizer: dict[str, Any]) -> None:
     assert point.ckpt is not None
     meta = read_meta(point.ckpt)
-    label = "train.init_from" if point.key == "train.init_from" else point.key
-    check_compatible(label, point.ckpt, meta, model_config=model_config, objective=objective,
+    check_compatible(point.key, point.ckpt, meta, model_config=model_config, objective=objective,
                      tokenizer=tokenizer)
     if point.key == "train.init_from":
         return  # a new run in a new folder: nothing is reopened
