@@ -94,8 +94,7 @@ def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: li
     assert not (tmp_path / "mlruns.db").exists()  # no MLflow run either
 
 
-@pytest.mark.parametrize("tool", ["sample", "export"])
-@pytest.mark.parametrize("make", [_garbage, _truncated])
+@pytest.mark.parametrize(("tool", "make"), [("sample", _garbage), ("export", _truncated)])
 def test_broken_checkpoint_in_sample_and_export(tool: str, make, tmp_path: Path) -> None:
     ck = make(tmp_path)
     extra = ["--out", str(tmp_path / "exported")] if tool == "export" else []

@@ -95,6 +95,11 @@ def test_finished_run_is_reopened_only_by_resume_with_more_steps(
 
     # a truncated last.ckpt (what a full disk used to leave): skipped, the newest good one is used
     last.write_bytes(last.read_bytes()[:50_000])
+    truncated = _snapshot(run)
+    older = train_cli.run(*TINY, "train.max_steps=10", "resume=true", f"paths.output_dir={run}",
+                          *where)  # step_4.ckpt verifies, but re-training 4..10 adds nothing
+    assert "FINISHED at step 10" in _one_line_error(older)
+    assert _snapshot(run) == truncated and _mlflow(tmp_path) == runs_before
     r = train_cli.run(*TINY, "train.max_steps=14", "resume=true", f"paths.output_dir={run}",
                       *where, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

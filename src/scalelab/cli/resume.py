@@ -64,11 +64,7 @@ def resume_point(cfg: DictConfig, out_dir: Path) -> ResumePoint:
             listed = "; ".join(f"{p.name}: {why}" for p, why in skipped)
             raise CheckpointError(f"resume=true: no usable checkpoint in {ckpt_dir} ({listed}); "
                                   "start the run again without resume=true")
-        for p, why in skipped:
-            log.warning("resume: skipped %s (%s)", p, why)
-        if skipped:
-            log.warning("resume: continuing from %s", ckpt)
-        point = ResumePoint(ckpt, key="resume", skipped=skipped)
+        point = ResumePoint(ckpt, key="resume", skipped=skipped)  # logged once it passed the checks
     elif cfg.train.get("init_from"):
         # a NEW run from another run's checkpoint (WSD branch): step, optimizer and data
         # position carry over, but never the source run's MLflow run or folder
@@ -88,11 +84,12 @@ def resume_point(cfg: DictConfig, out_dir: Path) -> ResumePoint:
     return point
 
 
-def _status(out_dir: Path) -> str | None:
+def _summary(out_dir: Path) -> dict[str, Any]:
     try:
-        return str(json.loads((out_dir / SUMMARY_FILE).read_text()).get("status"))
-    except (OSError, ValueError, AttributeError):
-        return None
+        s = json.loads((out_dir / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return s if isinstance(s, dict) else {}
 
 
 def check_resume_point(point: ResumePoint, cfg: DictConfig, out_dir: Path, *, max_steps: int,
@@ -101,20 +98,34 @@ def check_resume_point(point: ResumePoint, cfg: DictConfig, out_dir: Path, *, ma
     """Raise (one line) unless ``point`` may continue into ``out_dir`` with this model."""
     if point.ckpt is None:
         return
+    _check(point, cfg, out_dir, max_steps=max_steps, model_config=model_config,
+           objective=objective, tokenizer=tokenizer)
+    # only now, so a refused command writes nothing, not even to the run's train.log
+    for p, why in point.skipped:
+        log.warning("resume: skipped %s (%s)", p, why)
+    if point.skipped:
+        log.warning("resume: continuing from %s", point.ckpt)
+
+
+def _check(point: ResumePoint, cfg: DictConfig, out_dir: Path, *, max_steps: int,
+           model_config: dict[str, Any], objective: str, tokenizer: dict[str, Any]) -> None:
+    assert point.ckpt is not None
     meta = read_meta(point.ckpt)
-    label = "train.init_from" if point.key == "train.init_from" else point.key
-    check_compatible(label, point.ckpt, meta, model_config=model_config, objective=objective,
+    check_compatible(point.key, point.ckpt, meta, model_config=model_config, objective=objective,
                      tokenizer=tokenizer)
     if point.key == "train.init_from":
         return  # a new run in a new folder: nothing is reopened
-    step = int(meta.get("global_step", 0))
-    finished = _status(out_dir) == "FINISHED"
-    if finished and not cfg.resume:
+    summary = _summary(out_dir)
+    if summary.get("status") != "FINISHED":
+        return  # killed or failed: continuing it is what resume is for
+    # a finished run is reopened only to ADD steps beyond the ones it finished with
+    done = int((summary.get("metrics") or {}).get("final/steps") or meta.get("global_step", 0))
+    if not cfg.resume:
         raise ValueError(
             f"{point.key}={point.ckpt} continues the FINISHED run in {out_dir}; to add steps to it "
-            f"pass resume=true with train.max_steps above {step}, or start a new run from it with "
+            f"pass resume=true with train.max_steps above {done}, or start a new run from it with "
             f"train.init_from={point.ckpt}")
-    if finished and step >= max_steps:
+    if max_steps <= done:
         raise ValueError(
-            f"{point.key}: {point.ckpt} is already at step {step} and this run has "
-            f"train.max_steps={max_steps}: nothing to add; raise train.max_steps to continue it")
+            f"resume=true: the run in {out_dir} FINISHED at step {done} and this command has "
+            f"train.max_steps={max_steps}: nothing to add; raise train.max_steps above {done}")

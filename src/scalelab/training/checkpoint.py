@@ -207,11 +207,10 @@ def verify(path: str | Path) -> str | None:
             size_want, hash_want = int(want["size"]), str(want["sha256"])
         except (OSError, ValueError, KeyError, TypeError):
             return f"its sidecar {side.name} is unreadable"
-        size, digest = path.stat().st_size, None
-        if size != size_want:
+        size = path.stat().st_size
+        if size != size_want:  # cheap first: a full disk leaves a short file
             return f"truncated or changed: {size:,} of {size_want:,} bytes"
-        size, digest = file_digest(path)
-        return None if digest == hash_want else "its SHA-256 does not match its sidecar"
+        return None if file_digest(path)[1] == hash_want else "its SHA-256 does not match its sidecar"
     try:  # no sidecar (written before sidecars, or by hand): it must at least load
         read_checkpoint(path)
     except CheckpointError as e:
