@@ -514,6 +514,9 @@ class HeldoutScorer:
         if HELDOUT_KEYS[0] in child.metrics:
             return
         ckpt = self.sweep_dir / "runs" / p.name / "checkpoints" / "last.ckpt"
+        if not ckpt.is_file():  # trained under an earlier plan, where its index differed
+            found = sorted(self.sweep_dir.glob(f"runs/*_{p.point_id[:8]}/checkpoints/last.ckpt"))
+            ckpt = found[-1] if found else ckpt
         if not ckpt.is_file():
             self.echo(f"  [yellow]{p.label}: no {ckpt}; its fits use final/val_loss[/yellow]")
             return
