@@ -110,7 +110,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     _torch_setup(cfg)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
 
-    data = _build_data(cfg, spec, rank0)
+    from scalelab.cli.banner import stdout_to_log
+
+    with stdout_to_log():  # the data-preparation messages also reach train.log
+        data = _build_data(cfg, spec, rank0)
     model_cfg = spec.with_vocab(data["vocab_size"])
 
     tracker = _start_tracker(cfg, spec, tracking_uri, resume_run_id, rank0)
