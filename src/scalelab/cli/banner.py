@@ -6,7 +6,10 @@ folder's ``train.log`` (Hydra's job logging, conf/hydra/default.yaml).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +56,39 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
 
 def print_start(*args: Any, **kwargs: Any) -> None:
     log.info("\n".join(start_lines(*args, **kwargs)))
+
+
+class _LineLogger(io.TextIOBase):
+    """A text stream that logs each complete line (INFO) instead of writing it."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger, self.buf = logger, ""
+
+    def write(self, s: str) -> int:
+        self.buf += s
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            self.logger.info(line)
+        return len(s)
+
+    def flush(self) -> None:
+        if self.buf:
+            self.logger.info(self.buf)
+            self.buf = ""
+
+
+@contextlib.contextmanager
+def stdout_to_log(logger_name: str = "scalelab.data") -> Iterator[None]:
+    """Under Hydra (job logging configured), what the block prints goes through ``logging``:
+    still on the console, and also into train.log. Without Hydra, prints stay prints."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        yield
+        return
+    stream = _LineLogger(logging.getLogger(logger_name))
+    with contextlib.redirect_stdout(stream):
+        try:
+            yield
+        finally:
+            stream.flush()

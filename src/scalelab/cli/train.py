@@ -132,7 +132,10 @@ def _train(cfg: DictConfig) -> dict[str, Any]:
         _torch_setup(cfg)
         pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
 
-        data = _build_data(cfg, spec, rank0)
+        from scalelab.cli.banner import stdout_to_log
+
+        with stdout_to_log():  # the data-preparation messages also reach train.log
+            data = _build_data(cfg, spec, rank0)
         if isinstance(cfg.trainer.overfit_batches, int) and cfg.trainer.overfit_batches > 0:
             data["datamodule"].pin_batches(int(cfg.trainer.overfit_batches))  # really one batch
         model_cfg = spec.with_vocab(data["vocab_size"])

@@ -304,9 +304,7 @@ def prepare(
     """
 
     def say(msg: str) -> None:  # progress=True: the user watches stdout; else only the log
-        if progress and logging.getLogger().handlers:  # configured (Hydra): console + train.log
-            log.info("[scalelab-data] %s", msg)
-        elif progress:
+        if progress:
             print(f"[scalelab-data] {msg}", flush=True)
         else:
             log.info(msg)
