@@ -122,11 +122,11 @@ def test_max_time_stops_the_run_and_the_terminal_is_plain(tmp_path: Path, train_
 def test_resuming_a_finished_run_logs_nothing_twice(tmp_path: Path, train_cli) -> None:
     from mlflow.tracking import MlflowClient
 
-    args = [*TINY, *train_cli.isolated(tmp_path), "train.max_steps=12", "train.val_every=5",
-            "run_name=done"]
-    first = train_cli.run(*args, timeout=600)
+    args = [*TINY, *train_cli.isolated(tmp_path), "train.val_every=5", "run_name=done"]
+    first = train_cli.run(*args, "train.max_steps=12", timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
-    again = train_cli.run(*args, "resume=true", timeout=600)
+    # a finished run is reopened only to add steps (issue 11); its final values are replaced
+    again = train_cli.run(*args, "train.max_steps=16", "resume=true", timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "dataloader is not resumable" not in again.stdout + again.stderr
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
@@ -136,7 +136,7 @@ def test_resuming_a_finished_run_logs_nothing_twice(tmp_path: Path, train_cli) -
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert len(steps) == len(set(steps)), (key, steps)
     assert not [k for k in run.data.metrics if k.startswith("final/")]
-    assert float(run.data.tags["final.steps"]) == 12
+    assert float(run.data.tags["final.steps"]) == 16
 
 
 @pytest.mark.slow

@@ -97,4 +97,4 @@ def test_killed_points_are_reported_and_resumed(env):
     assert "2 trained now" in again.stdout
     for child in (first, second):  # the same runs, continued to the end
         run = client.get_run(child.info.run_id)
-        assert run.info.status == "FINISHED" and run.data.metrics["final/val_loss"] > 0
+        assert run.info.status == "FINISHED" and float(run.data.tags["final.val_loss"]) > 0

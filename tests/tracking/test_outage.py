@@ -90,7 +90,7 @@ def test_server_outage_mid_run_buffers_and_replays(tmp_path: Path, shared_data_d
         steps = [m.step for m in client.get_metric_history(run_id, "train/loss")]
         assert len(steps) == len(set(steps)) == STEPS, sorted(set(range(STEPS + 1)) - set(steps))
         assert len(client.get_metric_history(run_id, "val/loss")) >= STEPS // 50
-        assert "final/val_loss" in run.data.metrics
+        assert "final.val_loss" in run.data.tags
         assert not (run_dir / "mlflow_pending.jsonl").exists()  # everything was sent
     finally:
         _stop_server(server)

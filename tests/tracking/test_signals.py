@@ -58,7 +58,7 @@ def test_sigterm_checkpoints_marks_killed_exits_143_and_resumes(tmp_path: Path, 
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
-    assert int(run.data.metrics["final/steps"]) == step + 4
+    assert int(float(run.data.tags["final.steps"])) == step + 4
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "FINISHED"
 
 

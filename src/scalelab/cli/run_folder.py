@@ -18,6 +18,8 @@ any error raised while resolving ``hydra.run.dir`` into a garbled traceback. So:
 from __future__ import annotations
 
 import contextlib
+import logging
+import logging.handlers
 import os
 import shutil
 import tempfile
@@ -84,8 +86,36 @@ class RunFolder:
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
         self.created_here = not _PREEXISTING.get(str(out_dir), True)
+        # Hydra's file handler appends to <folder>/train.log; for a folder this command may
+        # not be allowed to touch, hold its records until the inputs are checked
+        self._held: list[tuple[logging.Handler, logging.handlers.MemoryHandler]] = []
+        if not self.created_here:
+            self._hold_file_logs()
+
+    def _hold_file_logs(self) -> None:
+        root = logging.getLogger()
+        for h in list(root.handlers):
+            name = getattr(h, "baseFilename", None)
+            if name and Path(name).resolve().parent == self.out_dir.resolve():
+                buffer = logging.handlers.MemoryHandler(capacity=10**6, flushLevel=logging.CRITICAL + 1)
+                buffer.setLevel(h.level)
+                root.removeHandler(h)
+                root.addHandler(buffer)
+                self._held.append((h, buffer))
+
+    def _release_file_logs(self, *, write: bool) -> None:
+        root = logging.getLogger()
+        for h, buffer in self._held:
+            root.removeHandler(buffer)
+            if write:
+                buffer.setTarget(h)
+                buffer.flush()
+            buffer.buffer.clear()
+            root.addHandler(h)
+        self._held = []
 
     def commit(self) -> None:
+        self._release_file_logs(write=True)
         pending = self.out_dir / PENDING
         if pending.is_dir():
             target = self.out_dir / ".hydra"
@@ -93,6 +123,7 @@ class RunFolder:
             pending.rename(target)
 
     def abandon(self) -> None:
+        self._release_file_logs(write=False)
         shutil.rmtree(self.out_dir / PENDING, ignore_errors=True)
         if not self.created_here or not self.out_dir.is_dir():
             return

@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 ROLE_TAG = "scalelab.sweep_role"
 NAME_TAG = "scalelab.sweep_name"
 POINT_ID_TAG = "sweep_point_id"  # set on children through the train app's `tags:` config
-FINAL_LOSS_KEY = "final/val_loss"
 
 
 @dataclass
@@ -49,7 +48,10 @@ class ChildRun:
 
     @property
     def final_loss(self) -> float:
-        return float(self.metrics.get(FINAL_LOSS_KEY, float("nan")))
+        """The run's final val loss: tag ``final.val_loss`` (older runs: metric final/val_loss)."""
+        from scalelab.tracking.final import final_values
+
+        return float(final_values(self.tags, self.metrics).get("val_loss", float("nan")))
 
     @property
     def done(self) -> bool:
