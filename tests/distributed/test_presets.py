@@ -76,7 +76,8 @@ def test_slurm_launcher_preset_renders_a_multi_gpu_sbatch(tmp_path: Path,
     ex.update_parameters(**params)
     text = ex._executor._make_submission_file_text("python -m scalelab.cli.train", "uid")
     for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=4",
-                 "#SBATCH --partition=gpu", "#SBATCH --account=proj123", "#SBATCH --time=90"):
+                 "#SBATCH --partition=gpu", "#SBATCH --account=proj123", "#SBATCH --time=90",
+                 "#SBATCH --signal=USR1@90"):  # the pre-timeout signal scalelab-train requeues on
         assert line in text, text
 
 
