@@ -43,14 +43,14 @@ class ModelConfig:
     # (set 256 to get d_ff=11008 at d=4096).
     d_ff: int | None = None
     ffn_multiple_of: int = 32
-    mlp: str = "gelu"  # gelu | relu | swiglu
+    mlp: str = "gelu"  # a key of variants.MLPS: gelu (GPT-2), relu (2017), swiglu (Llama), ...
     # --- normalization ------------------------------------------------------------------
-    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm: str = "layernorm"  # a key of variants.NORMS: layernorm, rmsnorm, ...
     norm_position: str = "pre"  # pre: x + F(LN(x)) (GPT-2) | post: LN(x + F(x)) (2017, BERT)
     norm_eps: float = 1e-5
     final_norm: bool | None = None  # None -> True for pre-LN, False for post-LN
     # --- positions ----------------------------------------------------------------------
-    position: str = "learned"  # learned | sinusoidal | rope | alibi | none
+    position: str = "learned"  # a key of variants.POSITIONS: learned, sinusoidal, rope, alibi, none
     rope_base: float = 10000.0
     # --- misc ---------------------------------------------------------------------------
     bias: bool = True  # biases in linear layers and LayerNorm
