@@ -1,4 +1,4 @@
-"""Position-wise feed-forward layers, chosen by name (``mlp: gelu | relu | swiglu``).
+"""Position-wise feed-forward layers, chosen by name (``mlp: gelu | relu | swiglu | geglu``).
 
 A variant is a class with an ``act`` hook in MLP_CLASSES plus its shape row in
 variants.MLPS (matrices in, default hidden size), which the accounting reads. Every variant
@@ -71,6 +71,13 @@ class SwiGLU(GatedMLP):
         return F.silu(h)
 
 
+class GeGLU(GatedMLP):
+    """GELU-gated (Shazeer 2020; T5 v1.1, Gemma), tanh approximation as in GeluMLP."""
+
+    def act(self, h: torch.Tensor) -> torch.Tensor:
+        return F.gelu(h, approximate="tanh")
+
+
 class MLMTransform(nn.Module):
     """BERT's output transform (cfg.mlm_head): norm(gelu(dense(x))) before the output layer."""
 
@@ -83,7 +90,9 @@ class MLMTransform(nn.Module):
         return self.norm(F.gelu(self.dense(x), approximate="tanh"))
 
 
-MLP_CLASSES: dict[str, type[nn.Module]] = {"gelu": GeluMLP, "relu": ReluMLP, "swiglu": SwiGLU}
+MLP_CLASSES: dict[str, type[nn.Module]] = {
+    "gelu": GeluMLP, "relu": ReluMLP, "swiglu": SwiGLU, "geglu": GeGLU,
+}
 check_registry("mlp", MLP_CLASSES, MLPS)
 
 

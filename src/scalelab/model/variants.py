@@ -103,6 +103,7 @@ MLPS: dict[str, MLPShape] = {
     "gelu": _TWO_LAYER,
     "relu": _TWO_LAYER,
     "swiglu": _GATED,
+    "geglu": _GATED,
 }
 
 POSITIONS: dict[str, PositionShape] = {
