@@ -108,19 +108,19 @@ class NConvention:
     doc: str
 
 
-# The one list of N conventions. The first is the default of the sweeps and fits.
+# The one list of N conventions (sweeps and fits default to "matmul").
 N_CONVENTIONS: dict[str, NConvention] = {
-    "matmul": NConvention("n_params_matmul", lambda cfg: cfg.n_params_matmul(),
-                          "non-embedding + the V*d output layer once (PaLM / Chinchilla)"),
+    "total": NConvention("n_params", lambda cfg: cfg.n_params(), "every parameter, tied once"),
     "non_embedding": NConvention("n_params_non_embedding",
                                  lambda cfg: cfg.n_params(non_embedding=True),
                                  "without token / position tables and an untied output layer "
                                  "(Kaplan et al. 2020)"),
-    "total": NConvention("n_params", lambda cfg: cfg.n_params(), "every parameter, tied once"),
+    "matmul": NConvention("n_params_matmul", lambda cfg: cfg.n_params_matmul(),
+                          "non-embedding + the V*d output layer once (PaLM / Chinchilla)"),
 }
 N_KEYS: dict[str, str] = {name: conv.key for name, conv in N_CONVENTIONS.items()}
 
 
 def n_counts(cfg: ModelConfig) -> dict[str, int]:
-    """``{key: N}`` for every convention, e.g. ``{"n_params_matmul": ..., "n_params": ...}``."""
+    """``{key: N}`` for every convention: n_params, n_params_non_embedding, n_params_matmul."""
     return {conv.key: conv.count(cfg) for conv in N_CONVENTIONS.values()}
