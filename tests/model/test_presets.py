@@ -70,3 +70,11 @@ def test_yaml_preset_composes_to_the_python_preset(name: str) -> None:
     GlobalHydra.instance().clear()
     merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model)  # typed: int | None
     assert OmegaConf.to_container(merged) == preset_dict(name)
+
+
+def test_write_presets_cli_writes_the_files(tmp_path: Path) -> None:
+    from scalelab.model.__main__ import main
+
+    assert main(["--write-presets", str(tmp_path)]) == 0
+    written = {str(p.relative_to(tmp_path)): p.read_text() for p in tmp_path.rglob("*.yaml")}
+    assert written == preset_files()

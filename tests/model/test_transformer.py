@@ -86,7 +86,7 @@ def test_kv_cache_equals_full_forward(overrides: dict) -> None:
 
 
 def test_enc_dec_source_padding_never_affects_outputs() -> None:
-    for position in ("learned", "sinusoidal", "rope", "alibi"):
+    for position in POSITIONS:
         model = Transformer(tiny(arch="encoder_decoder", position=position)).eval()
         tgt = ids(1, 6)
         src = ids(1, 5)
