@@ -98,7 +98,7 @@ def prepare_preset(overrides: list[str], n_batches: int = 16) -> dict[str, Any]:
     it = iter(data["datamodule"].train_dataloader())
     batches = [next(it) for _ in range(n_batches)]
     return {"cfg": cfg, "spec": spec, "model_cfg": spec.with_vocab(data["vocab_size"]),
-            "batches": batches}
+            "batches": batches, "datamodule": data["datamodule"]}
 
 
 def data_dir() -> Path:
@@ -190,11 +190,13 @@ def window_metric(db: Path, run_id: str, key: str) -> float | None:
 
 
 # --- the platform (side 3) --------------------------------------------------------------------
-def run_platform(overrides: list[str], steps: int, workdir: Path, threads: int,
+def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads: int,
                  gpu: bool = False) -> dict[str, Any]:
+    """One ``scalelab-train`` subprocess; ``steps`` None keeps the experiment's run length."""
     out = workdir / f"run_{time.time_ns()}"
     args = [sys.executable, "-m", "scalelab.cli.train", *overrides,
-            f"train.max_steps={steps}", f"paths.output_dir={out}", f"paths.data_dir={data_dir()}",
+            *([f"train.max_steps={steps}"] if steps else []),
+            f"paths.output_dir={out}", f"paths.data_dir={data_dir()}",
             f"logger.tracking_uri=sqlite:///{workdir}/mlruns.db",
             f"logger.artifact_root={workdir}/mlartifacts"]
     if not gpu:
@@ -216,7 +218,8 @@ def run_platform(overrides: list[str], steps: int, workdir: Path, threads: int,
     return {"tokens_per_s": tok_s, "tokens_per_cpu_s": cpu, "wall_s": wall,
             "time_to_first_step_s": ttfs,
             "overhead_share": max(0.0, (wall - (ttfs or 0.0) - train_s) / wall),
-            "mfu": m.get("final/mfu"), "val_loss": s.get("final_val_loss")}
+            "mfu": m.get("final/mfu"), "val_loss": s.get("final_val_loss"),
+            "steps": m.get("final/steps")}
 
 
 # --- one preset, three sides interleaved -------------------------------------------------------
@@ -461,10 +464,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loop-steps", type=int)
     ap.add_argument("--threads", action="store_true", help="run the thread bench (on in --full)")
     ap.add_argument("--no-train", action="store_true", help="skip the three-sided training bench")
+    ap.add_argument("--to-loss", action="store_true",
+                    help="time for the platform to reach the reference's val loss (target <= 0.8x)")
+    ap.add_argument("--platform-override", action="append", default=[],
+                    help="--to-loss: an override for the platform side only (a recipe change)")
+    ap.add_argument("--levers", action="store_true",
+                    help="eager vs foreach AdamW vs torch.compile (vs bf16 where native), interleaved")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
     ap.add_argument("--tolerance", type=float, default=0.05, help="--compare: allowed drop")
-    args = ap.parse_args(argv if argv is not None else [])
+    argv = list(argv if argv is not None else [])
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # --to-loss: both sides
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if args.compare:
         return compare(*args.compare, args.tolerance)
     mode = "gpu" if args.gpu else "full" if args.full else "quick"
@@ -482,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {load:.2f}", flush=True)
     table_of = GPU_PRESETS if args.gpu else PRESETS
     results, t0 = [], time.time()
+    if args.to_loss or args.levers:
+        return extra_modes(args, presets, rounds, loop_steps, plan.threads, extra, load, t0)
     with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
         if not args.no_train:
             for name in presets:
@@ -511,6 +524,32 @@ def main(argv: list[str] | None = None) -> int:
     for m in missed:
         print(f"  BELOW TARGET {m}")
     print(f"bench_train: {time.time() - t0:.0f} s, load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    return 1 if missed else 0
+
+
+def extra_modes(args: argparse.Namespace, presets: list[str], rounds: int, loop_steps: int,
+                threads: int, extra: list[str], load: float, t0: float) -> int:
+    """``--to-loss`` and ``--levers``: their own tables, JSON and target checks."""
+    from benchmarks import levers, to_loss
+
+    out: dict[str, Any] = {"mode": "to_loss" if args.to_loss else "levers", "threads": threads,
+                           "load_start": load, "torch": torch.__version__}
+    missed: list[str] = []
+    if args.levers:
+        out["levers"] = [levers.bench_levers(n, PRESETS[n], loop_steps) for n in presets]
+    if args.to_loss:
+        with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
+            res = [to_loss.bench_to_loss(n, PRESETS[n], rounds, Path(tmp), threads, extra,
+                                           args.platform_override)
+                   for n in presets]
+        print(to_loss.table(res))
+        out["to_loss"], missed = res, to_loss.misses(res)
+    out.update(load_end=os.getloadavg()[0], seconds=time.time() - t0, missed=missed)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    for m in missed:
+        print(f"  BELOW TARGET {m}")
+    print(f"bench_train: {time.time() - t0:.0f} s, load average {load:.2f} -> {out['load_end']:.2f}")
     return 1 if missed else 0
 
 
