@@ -120,7 +120,7 @@ def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, t
         reached = plat["val_loss"] is not None and plat["val_loss"] <= ref["val_loss"] + 1e-6
         ratios.append(plat["wall_s"] / ref["wall_s"] if reached else math.inf)
         log(f"  to-loss {name} round {r + 1}/{rounds}: ref {ref['steps']} steps val {ref['val_loss']:.4f} "
-            f"in {ref["wall_s"]:.1f} s (training {ref["train_s"]:.1f} s); platform val {plat['val_loss']:.4f} at step {plat['steps']} "
+            f"in {ref['wall_s']:.1f} s (training {ref['train_s']:.1f} s); platform val {plat['val_loss']:.4f} at step {plat['steps']} "
             f"in {plat['wall_s']:.1f} s ({'reached' if reached else 'NOT reached'}); "
             f"ratio {ratios[-1]:.2f}; load {os.getloadavg()[0]:.1f}")
     return {"preset": name, "ref_val_loss": statistics.median(x["val_loss"] for x in refs),
