@@ -238,7 +238,8 @@ def phase_times(path: Path, t_end: float) -> dict[str, Any]:
     gaps = [w for w, _ in p["val_gaps"]]
     return {"step_s": statistics.median(steps) if steps else None,
             "val_event_s": statistics.mean(gaps) if gaps else None,
-            "after_fit_s": t_end - p["fit_end_unix"]}
+            "after_fit_s": t_end - p["fit_end_unix"],
+            "first_step_cpu_s": p.get("first_step_cpu")}
 
 
 def projected_overhead(plat: dict[str, Any], max_steps: int, val_every: int) -> float | None:
@@ -289,7 +290,8 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
         res[f"{side}_tokens_per_s"] = loop.tokens / statistics.median(step_times[side])
         res[f"{side}_tokens_per_cpu_s"] = loop.tokens / statistics.median(step_cpu[side])
     for key in ("tokens_per_s", "tokens_per_cpu_s", "wall_s", "time_to_first_step_s",
-                "overhead_share", "mfu", "step_s", "val_event_s", "after_fit_s"):
+                "overhead_share", "mfu", "step_s", "val_event_s", "after_fit_s",
+                "first_step_cpu_s"):
         vals = [p[key] for p in plat if p.get(key) is not None]
         res[f"platform_{key}"] = statistics.median(vals) if vals else None
     res["platform_steps"] = platform_steps
@@ -425,7 +427,7 @@ def fmt(v: Any, spec: str = ",.0f") -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     head = (f"{'preset':<17}{'ref tok/s':>11}{'model tok/s':>12}{'platform':>10}{'(2)/(1)':>9}"
-            f"{'(3)/(2)':>9}{'cpu 2/1':>9}{'cpu 3/2':>9}{'1st step':>9}{'overhead':>9}{'wall 3/1':>9}")
+            f"{'(3)/(2)':>9}{'cpu 2/1':>9}{'cpu 3/2':>9}{'1st step':>9}{'1st cpu':>9}{'overhead':>9}{'wall 3/1':>9}")
     rows = [head, "-" * len(head)]
     for r in results:
         rows.append(
@@ -434,6 +436,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{fmt(r['platform/model'], '.2f'):>9}{fmt(r.get('model/ref_cpu'), '.2f'):>9}"
             f"{fmt(r.get('platform/model_cpu'), '.2f'):>9}"
             f"{fmt(r['platform_time_to_first_step_s'], '.1f'):>8}s"
+            f"{fmt(r.get('platform_first_step_cpu_s'), '.1f'):>8}s"
             f"{fmt(None if overhead_of(r) is None else 100 * overhead_of(r), '.1f'):>8}%"
             f"{fmt(r.get('platform_wall/ref_wall'), '.2f'):>9}")
     return "\n".join(rows)

@@ -28,6 +28,7 @@ class PhaseTimer(pl.Callback):
         self._start: tuple[float, float] | None = None
         self._end: tuple[float, float] | None = None
         self._validated = False
+        self.first_step_cpu: float | None = None
 
     @staticmethod
     def _now() -> tuple[float, float]:
@@ -45,6 +46,8 @@ class PhaseTimer(pl.Callback):
         now = self._now()
         if self._start is not None:
             self.steps.append((now[0] - self._start[0], now[1] - self._start[1]))
+        if self.first_step_cpu is None:  # CPU seconds since the process started: load-robust
+            self.first_step_cpu = now[1]
         self._end = now
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
@@ -58,4 +61,5 @@ class PhaseTimer(pl.Callback):
         self.path.write_text(json.dumps({
             "steps": self.steps, "val_gaps": self.val_gaps, "other_gaps": self.other_gaps,
             "fit_end_unix": time.time(), "fit_end_cpu": time.process_time(),
+            "first_step_cpu": self.first_step_cpu,
         }))
