@@ -85,14 +85,16 @@ def ref_child(preset: str, overrides: list[str]) -> None:
 
 
 def run_ref(preset: str, threads: int, overrides: list[str]) -> dict[str, Any]:
+    from benchmarks.bench_train import child_cpu
+
     env = {**os.environ, "SCALELAB_BENCH_THREADS": str(threads)}
-    t0 = time.time()
+    t0, cpu0 = time.time(), child_cpu()
     proc = subprocess.run([sys.executable, "-m", "benchmarks.to_loss", CHILD, preset, *overrides], env=env,
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
-    wall = time.time() - t0
+    wall, cpu = time.time() - t0, child_cpu() - cpu0
     if proc.returncode != 0:
         raise RuntimeError(f"reference run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall, "cpu_total_s": cpu}
 
 
 def early_stop_override(threshold: float) -> str:
@@ -109,7 +111,7 @@ def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, t
     change tried on the platform alone (reported as such, never silently)."""
     from benchmarks.bench_train import run_platform
 
-    refs, plats, ratios = [], [], []
+    refs, plats, ratios, cpu_ratios = [], [], [], []
     for r in range(rounds):  # A B A B: a change of load hits both sides alike
         ref = run_ref(name, threads, extra or [])
         plat = run_platform([*overrides, *(extra or []), *(platform_only or []),
@@ -119,28 +121,32 @@ def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, t
         plats.append(plat)
         reached = plat["val_loss"] is not None and plat["val_loss"] <= ref["val_loss"] + 1e-6
         ratios.append(plat["wall_s"] / ref["wall_s"] if reached else math.inf)
+        cpu_ratios.append(plat["cpu_total_s"] / ref["cpu_total_s"] if reached else math.inf)
         log(f"  to-loss {name} round {r + 1}/{rounds}: ref {ref['steps']} steps val {ref['val_loss']:.4f} "
             f"in {ref['wall_s']:.1f} s (training {ref['train_s']:.1f} s); platform val {plat['val_loss']:.4f} at step {plat['steps']} "
             f"in {plat['wall_s']:.1f} s ({'reached' if reached else 'NOT reached'}); "
-            f"ratio {ratios[-1]:.2f}; load {os.getloadavg()[0]:.1f}")
+            f"ratio {ratios[-1]:.2f} wall, {cpu_ratios[-1]:.2f} CPU seconds; load {os.getloadavg()[0]:.1f}")
     return {"preset": name, "ref_val_loss": statistics.median(x["val_loss"] for x in refs),
             "ref_steps": refs[0]["steps"], "ref_wall_s": statistics.median(x["wall_s"] for x in refs),
             "ref_train_s": statistics.median(x["train_s"] for x in refs),
             "platform_wall_s": statistics.median(x["wall_s"] for x in plats),
             "platform_steps": [x["steps"] for x in plats],
             "platform_val_loss": [x["val_loss"] for x in plats],
-            "platform_wall/ref_wall": statistics.median(ratios), "extra_overrides": extra or [],
+            "platform_wall/ref_wall": statistics.median(ratios),
+            # CPU seconds of each whole process (1 thread each on a busy machine): robust to load
+            "platform_cpu/ref_cpu": statistics.median(cpu_ratios), "extra_overrides": extra or [],
             "platform_only_overrides": platform_only or []}
 
 
 def table(results: list[dict[str, Any]]) -> str:
     head = (f"{'preset':<17}{'ref steps':>10}{'ref val':>9}{'ref wall':>10}{'plat steps':>12}"
-            f"{'plat wall':>10}{'wall 3/1':>10}")
+            f"{'plat wall':>10}{'wall 3/1':>10}{'cpu 3/1':>9}")
     rows = [head, "-" * len(head)]
     for r in results:
         rows.append(f"{r['preset']:<17}{r['ref_steps']:>10}{r['ref_val_loss']:>9.4f}"
                     f"{r['ref_wall_s']:>9.1f}s{statistics.median(r['platform_steps']):>12.0f}"
-                    f"{r['platform_wall_s']:>9.1f}s{r['platform_wall/ref_wall']:>10.2f}")
+                    f"{r['platform_wall_s']:>9.1f}s{r['platform_wall/ref_wall']:>10.2f}"
+                    f"{r.get('platform_cpu/ref_cpu', math.nan):>9.2f}")
     return "\n".join(rows)
 
 
