@@ -68,7 +68,9 @@ GPU_PRESETS: dict[str, list[str]] = {
                    "model.n_kv_heads=4", "model.max_seq_len=1024", *GPU_COMMON],
 }
 MODES = {  # presets, rounds, plain-loop steps per round, platform steps per run
-    "quick": (["shakespeare_char", "pystdlib_small"], 2, 25, 120),
+    # quick: platform runs stay at 120 steps (shakespeare_char warms up for 100; one mid-run
+    # validation at 60 is timed), plain loops at 20 interleaved steps per round
+    "quick": (["shakespeare_char", "pystdlib_small"], 2, 20, 120),
     "full": (list(PRESETS), 3, 60, 300),
     "gpu": (list(GPU_PRESETS), 2, 30, 200),
 }
@@ -98,7 +100,7 @@ def prepare_preset(overrides: list[str], n_batches: int = 16) -> dict[str, Any]:
     it = iter(data["datamodule"].train_dataloader())
     batches = [next(it) for _ in range(n_batches)]
     return {"cfg": cfg, "spec": spec, "model_cfg": spec.with_vocab(data["vocab_size"]),
-            "batches": batches}
+            "batches": batches, "datamodule": data["datamodule"]}
 
 
 def data_dir() -> Path:
@@ -190,19 +192,25 @@ def window_metric(db: Path, run_id: str, key: str) -> float | None:
 
 
 # --- the platform (side 3) --------------------------------------------------------------------
-def run_platform(overrides: list[str], steps: int, workdir: Path, threads: int,
+def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads: int,
                  gpu: bool = False) -> dict[str, Any]:
+    """One ``scalelab-train`` subprocess; ``steps`` None keeps the experiment's run length."""
     out = workdir / f"run_{time.time_ns()}"
+    phases = workdir / f"phases_{time.time_ns()}.json"
     args = [sys.executable, "-m", "scalelab.cli.train", *overrides,
-            f"train.max_steps={steps}", f"paths.output_dir={out}", f"paths.data_dir={data_dir()}",
+            "+callbacks.bench_phases={_target_: benchmarks.phase_timer.PhaseTimer, "
+            f"path: '{phases}'}}",
+            *([f"train.max_steps={steps}"] if steps else []),
+            f"paths.output_dir={out}", f"paths.data_dir={data_dir()}",
             f"logger.tracking_uri=sqlite:///{workdir}/mlruns.db",
             f"logger.artifact_root={workdir}/mlartifacts"]
     if not gpu:
         args.append(f"train.num_threads={threads}")
     env = dict(os.environ)
-    t0 = time.time()
+    t0, ru0 = time.time(), child_cpu()
     proc = subprocess.run(args, env=env, capture_output=True, text=True, cwd=ROOT)
-    wall = time.time() - t0
+    t_end, cpu_total = time.time(), child_cpu() - ru0
+    wall = t_end - t0
     if proc.returncode != 0:
         raise RuntimeError(f"scalelab-train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     s = json.loads((out / "summary.json").read_text())
@@ -216,7 +224,50 @@ def run_platform(overrides: list[str], steps: int, workdir: Path, threads: int,
     return {"tokens_per_s": tok_s, "tokens_per_cpu_s": cpu, "wall_s": wall,
             "time_to_first_step_s": ttfs,
             "overhead_share": max(0.0, (wall - (ttfs or 0.0) - train_s) / wall),
-            "mfu": m.get("final/mfu"), "val_loss": s.get("final_val_loss")}
+            "mfu": m.get("final/mfu"), "val_loss": s.get("final_val_loss"),
+            "steps": m.get("final/steps"), "cpu_total_s": cpu_total,
+            **phase_times(phases, t_end, cpu_total)}
+
+
+def child_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def phase_times(path: Path, t_end: float, cpu_total: float | None = None) -> dict[str, Any]:
+    """From benchmarks/phase_timer.py: median step, mean validation gap (validation + sample +
+    checkpoints at that validation) and what followed fit (final val/sample/ckpt, upload, exit)."""
+    if not path.is_file():
+        return {}
+    p = json.loads(path.read_text())
+    steps = [w for w, _ in p["steps"][3:]] or [w for w, _ in p["steps"]]
+    gaps = [w for w, _ in p["val_gaps"]]
+    return {"step_s": statistics.median(steps) if steps else None,
+            "val_event_s": statistics.mean(gaps) if gaps else None,
+            "after_fit_s": t_end - p["fit_end_unix"],
+            "first_step_cpu_s": p.get("first_step_cpu"),
+            # the same in CPU seconds of the run's process: robust to other jobs' load
+            "step_cpu_s": statistics.median(c for _, c in p["steps"][3:] or p["steps"]),
+            "val_event_cpu_s": statistics.mean(c for _, c in p["val_gaps"]) if gaps else None,
+            "after_fit_cpu_s": None if cpu_total is None else cpu_total - p["fit_end_cpu"]}
+
+
+def projected_overhead(plat: dict[str, Any], max_steps: int, val_every: int,
+                       cpu: bool = False) -> float | None:
+    """Share of a default-length run's wall spent validating, sampling and checkpointing: the
+    measured cost of one validation event times the validations the defaults schedule, plus
+    the end of the run (final validation, sample, checkpoint, upload), over the whole run."""
+    keys = (("step_cpu_s", "val_event_cpu_s", "after_fit_cpu_s", "first_step_cpu_s") if cpu
+            else ("step_s", "val_event_s", "after_fit_s", "time_to_first_step_s"))
+    step, val, end, first = (plat.get(k) for k in keys)
+    if step is None or val is None or end is None:
+        return None
+    n_val = (max_steps - 1) // val_every  # in-loop; the end of the run is after_fit
+    extra = n_val * val + end
+    return extra / ((first or 0.0) + max_steps * step + extra)
 
 
 # --- one preset, three sides interleaved -------------------------------------------------------
@@ -242,7 +293,9 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
         for side, times in run_interleaved(loops, loop_steps).items():
             step_times[side].append(statistics.median(t for t, _ in times))
             step_cpu[side].append(statistics.median(c for _, c in times))
-        plat.append(run_platform(overrides, platform_steps, workdir, threads, gpu))
+        # one validation mid-run as well as the last step's, so its cost is measured
+        plat.append(run_platform([*overrides, f"train.val_every={max(1, platform_steps // 2)}"],
+                                 platform_steps, workdir, threads, gpu))
         log(f"  {name} round {r + 1}/{rounds}: " + ", ".join(
             f"{s} {loop.tokens / step_times[s][-1]:,.0f} tok/s" for s, loop in loops.items())
             + f", platform {plat[-1]['tokens_per_s']:,.0f} tok/s; per CPU-second: " + ", ".join(
@@ -254,10 +307,17 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
         res[f"{side}_tokens_per_s"] = loop.tokens / statistics.median(step_times[side])
         res[f"{side}_tokens_per_cpu_s"] = loop.tokens / statistics.median(step_cpu[side])
     for key in ("tokens_per_s", "tokens_per_cpu_s", "wall_s", "time_to_first_step_s",
-                "overhead_share", "mfu"):
+                "overhead_share", "mfu", "step_s", "val_event_s", "after_fit_s",
+                "first_step_cpu_s", "step_cpu_s", "val_event_cpu_s", "after_fit_cpu_s"):
         vals = [p[key] for p in plat if p.get(key) is not None]
         res[f"platform_{key}"] = statistics.median(vals) if vals else None
     res["platform_steps"] = platform_steps
+    spec = prep["spec"]  # the experiment's own run length and validation interval
+    res["default_run"] = {"max_steps": spec.max_steps, "val_every": spec.val_every}
+    plat_med = {k[len("platform_"):]: v for k, v in res.items() if k.startswith("platform_")}
+    res["platform_overhead_default_run"] = projected_overhead(plat_med, spec.max_steps, spec.val_every)
+    res["platform_overhead_default_run_cpu"] = projected_overhead(
+        plat_med, spec.max_steps, spec.val_every, cpu=True)
     if "ref" in loops:
         res["ref_wall_s"] = platform_steps * statistics.median(step_times["ref"])  # no start-up
         res["model/ref"] = res["model_tokens_per_s"] / res["ref_tokens_per_s"]
@@ -384,7 +444,7 @@ def fmt(v: Any, spec: str = ",.0f") -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     head = (f"{'preset':<17}{'ref tok/s':>11}{'model tok/s':>12}{'platform':>10}{'(2)/(1)':>9}"
-            f"{'(3)/(2)':>9}{'cpu 2/1':>9}{'cpu 3/2':>9}{'1st step':>9}{'overhead':>9}{'wall 3/1':>9}")
+            f"{'(3)/(2)':>9}{'cpu 2/1':>9}{'cpu 3/2':>9}{'1st step':>9}{'1st cpu':>9}{'overhead':>9}{'ovh cpu':>9}{'wall 3/1':>9}")
     rows = [head, "-" * len(head)]
     for r in results:
         rows.append(
@@ -393,9 +453,24 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{fmt(r['platform/model'], '.2f'):>9}{fmt(r.get('model/ref_cpu'), '.2f'):>9}"
             f"{fmt(r.get('platform/model_cpu'), '.2f'):>9}"
             f"{fmt(r['platform_time_to_first_step_s'], '.1f'):>8}s"
-            f"{fmt(100 * r['platform_overhead_share'] if r['platform_overhead_share'] is not None else None, '.0f'):>8}%"
+            f"{fmt(r.get('platform_first_step_cpu_s'), '.1f'):>8}s"
+            f"{fmt(None if overhead_of(r) is None else 100 * overhead_of(r), '.1f'):>8}%"
+            f"{fmt(pct(r.get('platform_overhead_default_run_cpu')), '.1f'):>8}%"
             f"{fmt(r.get('platform_wall/ref_wall'), '.2f'):>9}")
     return "\n".join(rows)
+
+
+def pct(v: float | None) -> float | None:
+    return None if v is None else 100 * v
+
+
+def overhead_of(r: dict[str, Any], busy: bool = False) -> float | None:
+    """Validation/samples/checkpoints share: projected to the experiment's default run where
+    measured (phase timer; in CPU seconds on a busy machine), else the short bench run's own
+    (start-up and end included)."""
+    o = r.get("platform_overhead_default_run_cpu") if busy else None
+    o = o if o is not None else r.get("platform_overhead_default_run")
+    return o if o is not None else r.get("platform_overhead_share")
 
 
 def misses(results: list[dict[str, Any]], threads: dict[str, Any] | None,
@@ -412,7 +487,7 @@ def misses(results: list[dict[str, Any]], threads: dict[str, Any] | None,
         t = r.get("platform_time_to_first_step_s")
         if t is not None and t > TARGETS["time_to_first_step_s"]:
             out.append(f"{r['preset']}: time to first step {t:.1f} s > {TARGETS['time_to_first_step_s']} s")
-        o = r.get("platform_overhead_share")
+        o = overhead_of(r, busy)
         if o is not None and o > TARGETS["overhead_share"]:
             out.append(f"{r['preset']}: overhead {o:.0%} of wall > {TARGETS['overhead_share']:.0%}")
     if threads:
@@ -461,10 +536,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loop-steps", type=int)
     ap.add_argument("--threads", action="store_true", help="run the thread bench (on in --full)")
     ap.add_argument("--no-train", action="store_true", help="skip the three-sided training bench")
+    ap.add_argument("--to-loss", action="store_true",
+                    help="time for the platform to reach the reference's val loss (target <= 0.8x)")
+    ap.add_argument("--platform-override", action="append", default=[],
+                    help="--to-loss: an override for the platform side only (a recipe change)")
+    ap.add_argument("--levers", action="store_true",
+                    help="eager vs foreach AdamW vs torch.compile (vs bf16 where native), interleaved")
+    ap.add_argument("--memory", action="store_true", help="activation-checkpointing memory (on in --full)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
     ap.add_argument("--tolerance", type=float, default=0.05, help="--compare: allowed drop")
-    args = ap.parse_args(argv if argv is not None else [])
+    argv = list(argv if argv is not None else [])
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # --to-loss: both sides
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if args.compare:
         return compare(*args.compare, args.tolerance)
     mode = "gpu" if args.gpu else "full" if args.full else "quick"
@@ -482,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {load:.2f}", flush=True)
     table_of = GPU_PRESETS if args.gpu else PRESETS
     results, t0 = [], time.time()
+    if args.to_loss or args.levers:
+        return extra_modes(args, presets, rounds, loop_steps, plan.threads, extra, load, t0)
     with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
         if not args.no_train:
             for name in presets:
@@ -489,15 +575,16 @@ def main(argv: list[str] | None = None) -> int:
                                             platform_steps, Path(tmp), plan.threads, args.gpu,
                                             log=lambda s: print(s, flush=True)))
     threads = bench_threads(rounds, 20) if (args.threads or args.full) and not args.gpu else None
-    memory = bench_memory()
+    memory = bench_memory() if args.full or args.memory else None
     if results:
         print(table(results))
     for r in results:
         if r.get("platform_mfu") is not None and args.gpu:
             print(f"  {r['preset']}: MFU {100 * r['platform_mfu']:.1f}% (target >= 45% on H100/H200)")
-    print(f"  activation checkpointing ({memory['shape']}): saved activations "
-          f"{memory['saved_bytes_plain'] / 2**20:.1f} -> {memory['saved_bytes_checkpointed'] / 2**20:.1f} MiB "
-          f"({memory['activation_memory_ratio']:.2f}x), max |grad diff| {memory['max_grad_diff']:.1e}")
+    if memory:
+        print(f"  activation checkpointing ({memory['shape']}): saved activations "
+              f"{memory['saved_bytes_plain'] / 2**20:.1f} -> {memory['saved_bytes_checkpointed'] / 2**20:.1f} MiB "
+              f"({memory['activation_memory_ratio']:.2f}x), max |grad diff| {memory['max_grad_diff']:.1e}")
     out = {"mode": mode, "threads": plan.threads, "load_start": load, "load_end": os.getloadavg()[0],
            "seconds": time.time() - t0, "torch": torch.__version__, "presets": results,
            "thread_bench": threads, "memory": memory, "targets": TARGETS}
@@ -511,6 +598,32 @@ def main(argv: list[str] | None = None) -> int:
     for m in missed:
         print(f"  BELOW TARGET {m}")
     print(f"bench_train: {time.time() - t0:.0f} s, load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    return 1 if missed else 0
+
+
+def extra_modes(args: argparse.Namespace, presets: list[str], rounds: int, loop_steps: int,
+                threads: int, extra: list[str], load: float, t0: float) -> int:
+    """``--to-loss`` and ``--levers``: their own tables, JSON and target checks."""
+    from benchmarks import levers, to_loss
+
+    out: dict[str, Any] = {"mode": "to_loss" if args.to_loss else "levers", "threads": threads,
+                           "load_start": load, "torch": torch.__version__}
+    missed: list[str] = []
+    if args.levers:
+        out["levers"] = [levers.bench_levers(n, PRESETS[n], loop_steps) for n in presets]
+    if args.to_loss:
+        with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
+            res = [to_loss.bench_to_loss(n, PRESETS[n], rounds, Path(tmp), threads, extra,
+                                           args.platform_override)
+                   for n in presets]
+        print(to_loss.table(res))
+        out["to_loss"], missed = res, to_loss.misses(res)
+    out.update(load_end=os.getloadavg()[0], seconds=time.time() - t0, missed=missed)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    for m in missed:
+        print(f"  BELOW TARGET {m}")
+    print(f"bench_train: {time.time() - t0:.0f} s, load average {load:.2f} -> {out['load_end']:.2f}")
     return 1 if missed else 0
 
 

@@ -72,13 +72,68 @@ def test_quick_bench_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "train", "--presets", "encdec", "--rounds", "1",
-         "--loop-steps", "3", "--platform-steps", "60", "--json", str(out)],
+         "--loop-steps", "3", "--platform-steps", "60", "--memory", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: a target missed on a busy machine
     res = json.loads(out.read_text())
     (row,) = res["presets"]
     assert row["preset"] == "encdec" and row["model_tokens_per_s"] > 0
     assert row["platform_tokens_per_s"] > 0 and row["platform_time_to_first_step_s"] > 0
+    assert row["platform_val_event_s"] > 0 and 0 < row["platform_overhead_default_run"] < 1
     assert "ref_tokens_per_s" not in row  # no hand-written encoder-decoder
     assert res["memory"]["activation_memory_ratio"] < 0.5
     assert "(3)/(2)" in proc.stdout
+
+
+def test_gpu_mode_builds_its_presets_on_cpu(capsys: pytest.CaptureFixture) -> None:
+    """--gpu cannot run here; its presets must still compose, validate and size to ~124M."""
+    import torch
+    from benchmarks.bench_train import GPU_PRESETS, MODES, compose, main
+
+    from scalelab.cli.spec import build_spec
+
+    assert set(MODES["gpu"][0]) == set(GPU_PRESETS)
+    for name, overrides in GPU_PRESETS.items():
+        spec = build_spec(compose(overrides))
+        assert spec.block_size == 1024, name
+        n = spec.with_vocab(50257).n_params()
+        assert 100e6 < n < 170e6, (name, n)
+    if not torch.cuda.is_available():
+        assert main(["--gpu"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_projected_overhead_counts_the_defaults_validations() -> None:
+    from benchmarks.bench_train import overhead_of, projected_overhead
+
+    plat = {"step_s": 0.1, "val_event_s": 1.0, "after_fit_s": 2.0, "time_to_first_step_s": 3.0}
+    # 500 steps, val every 100: 4 in-loop validations + the end = 6 s of 3 + 50 + 6
+    assert projected_overhead(plat, 500, 100) == pytest.approx(6 / 59)
+    assert projected_overhead({**plat, "val_event_s": None}, 500, 100) is None
+    assert overhead_of({"platform_overhead_default_run": 0.03, "platform_overhead_share": 0.2}) == 0.03
+    assert overhead_of({"platform_overhead_default_run": None, "platform_overhead_share": 0.2}) == 0.2
+
+
+def test_to_loss_early_stop_is_a_valid_callback_override() -> None:
+    """The override the --to-loss mode adds composes and instantiates Lightning's EarlyStopping
+    with the reference's loss as its threshold."""
+    from benchmarks.bench_train import compose
+    from benchmarks.to_loss import early_stop_override, misses
+    from hydra.utils import instantiate
+
+    cfg = compose(["+experiment=shakespeare_char", early_stop_override(1.8765)])
+    cb = instantiate(cfg.callbacks.to_loss)
+    assert type(cb).__name__ == "EarlyStopping" and cb.monitor == "val/loss"
+    assert cb.stopping_threshold == pytest.approx(1.8765, abs=1e-5)
+    assert misses([{"preset": "a", "platform_wall/ref_wall": 0.7}]) == []
+    assert "0.95x" in misses([{"preset": "b", "platform_wall/ref_wall": 0.95}])[0]
+
+
+def test_levers_never_run_bf16_without_native_support() -> None:
+    from benchmarks.levers import variants
+
+    from scalelab.runtime import cpu_has_native_bf16
+
+    v = variants()
+    assert {"eager/fused", "eager/foreach", "compile/fused"} <= set(v)
+    assert ("eager/fused/bf16" in v) == cpu_has_native_bf16()

@@ -1,0 +1,65 @@
+"""A Lightning callback the training bench adds to ``scalelab-train`` from the command line
+(``+callbacks.bench_phases={_target_: benchmarks.phase_timer.PhaseTimer, path: ...}``) to time
+what a run spends between optimizer steps.
+
+Per training batch: wall and CPU seconds from ``on_train_batch_start`` to ``on_train_batch_end``.
+Between two batches: the gap, attributed to validation when a validation ran inside it (so it
+holds validation, the sample and the checkpoints Lightning writes at that validation). At the
+end of ``fit``: the time stamp, so the caller can measure what comes after (final validation,
+sample, checkpoint, MLflow upload, exit) from the process's end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+
+
+class PhaseTimer(pl.Callback):
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.steps: list[tuple[float, float]] = []  # (wall, cpu) per training batch
+        self.val_gaps: list[tuple[float, float]] = []  # (wall, cpu) of gaps that held a validation
+        self.other_gaps: list[tuple[float, float]] = []
+        self._start: tuple[float, float] | None = None
+        self._end: tuple[float, float] | None = None
+        self._validated = False
+        self.first_step_cpu: float | None = None
+
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        now = self._now()
+        if self._end is not None:
+            gap = (now[0] - self._end[0], now[1] - self._end[1])
+            (self.val_gaps if self._validated else self.other_gaps).append(gap)
+        self._start, self._validated = now, False
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        now = self._now()
+        if self._start is not None:
+            self.steps.append((now[0] - self._start[0], now[1] - self._start[1]))
+        if self.first_step_cpu is None:  # CPU seconds since the process started: load-robust
+            self.first_step_cpu = now[1]
+        self._end = now
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self._validated = True
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        # a validation (with its sample and checkpoints) after the last batch, inside fit
+        if self._end is not None and self._validated:
+            now = self._now()
+            self.val_gaps.append((now[0] - self._end[0], now[1] - self._end[1]))
+        self.path.write_text(json.dumps({
+            "steps": self.steps, "val_gaps": self.val_gaps, "other_gaps": self.other_gaps,
+            "fit_end_unix": time.time(), "fit_end_cpu": time.process_time(),
+            "first_step_cpu": self.first_step_cpu,
+        }))

@@ -1,0 +1,163 @@
+"""Time to the reference's validation loss: the issue-9 goal "reach the reference's val loss in
+at most 0.8x the reference's wall time".
+
+Per round, two processes, timed from their start (imports, data and compile included) to exit:
+
+1. ``ref``: the hand-written model (benchmarks/reference_gpt.py) in a plain loop over the
+   experiment's own train batches, with its AdamW settings and lr schedule, for the experiment's
+   fixed number of steps; then one validation on the experiment's validation set (the same
+   fixed windows, token-weighted, as the platform's ``val/loss``);
+2. ``platform``: the full ``scalelab-train`` at the experiment's defaults (validation, samples,
+   checkpoints, MLflow into a temp SQLite store), plus Lightning's ``EarlyStopping`` with
+   ``stopping_threshold`` = the reference's val loss of that round, added from the command line.
+
+Reported per preset: median wall of each, the ratio platform/ref (target <= 0.8), the steps at
+which the platform stopped, and whether it reached the loss at all (it validates every
+``train.val_every`` steps, so it can only stop on such a step or at the end).
+
+    python -m benchmarks train --to-loss [--presets shakespeare_char] [--rounds 2]
+    python -m benchmarks train --to-loss -- train.max_steps=300   # overrides for both sides
+    python -m benchmarks train --to-loss --platform-override optim.lr=2e-3   # a recipe change
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CHILD = "--_ref-child"
+TARGET = 0.8  # platform wall / reference wall, at most
+
+
+def _val_loss(model: Any, dm: Any, objective: str) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    loss_sum, n = 0.0, 0
+    with torch.no_grad():
+        for b in dm.val_dataloader():
+            logits = model(b["input_ids"])
+            labels = b["labels"].flatten()
+            loss_sum += float(F.cross_entropy(logits.flatten(0, 1).float(), labels,
+                                              ignore_index=-100, reduction="sum"))
+            n += int((labels != -100).sum())
+    model.train()
+    return loss_sum / max(n, 1)
+
+
+def ref_child(preset: str, overrides: list[str]) -> None:
+    """Subprocess body: train the reference for the experiment's steps; print JSON."""
+    import torch
+
+    from benchmarks.bench_train import PRESETS, PlainLoop, prepare_preset
+    from benchmarks.reference_gpt import ReferenceLM
+    from scalelab.runtime import thread_plan
+    from scalelab.training.schedules import build_lr_lambda
+
+    torch.set_num_threads(int(os.environ.get("SCALELAB_BENCH_THREADS") or thread_plan().threads))
+    prep = prepare_preset([*PRESETS[preset], *overrides], n_batches=1)
+    spec, dm = prep["spec"], prep["datamodule"]
+    torch.manual_seed(int(prep["cfg"].seed))
+    loop = PlainLoop(ReferenceLM(prep["model_cfg"]), prep, "ref")
+    sched = torch.optim.lr_scheduler.LambdaLR(loop.opt, build_lr_lambda(spec.optim, spec.max_steps))
+    batches = iter(dm.train_dataloader())
+    t0 = time.perf_counter()
+    for _ in range(spec.max_steps):
+        try:
+            loop.batches = [next(batches)]
+        except StopIteration:  # an epoch ended: the platform's loader restarts the same way
+            batches = iter(dm.train_dataloader())
+            loop.batches = [next(batches)]
+        loop.i = 0
+        loop.step()
+        sched.step()
+    train_s = time.perf_counter() - t0
+    print(json.dumps({"val_loss": _val_loss(loop.model, dm, spec.objective),
+                      "steps": spec.max_steps, "train_s": train_s}))
+
+
+def run_ref(preset: str, threads: int, overrides: list[str]) -> dict[str, Any]:
+    from benchmarks.bench_train import child_cpu
+
+    env = {**os.environ, "SCALELAB_BENCH_THREADS": str(threads)}
+    t0, cpu0 = time.time(), child_cpu()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.to_loss", CHILD, preset, *overrides], env=env,
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    wall, cpu = time.time() - t0, child_cpu() - cpu0
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall, "cpu_total_s": cpu}
+
+
+def early_stop_override(threshold: float) -> str:
+    # EarlyStopping stops when val/loss < threshold (strict); the tiny margin makes "equal" count.
+    return ("+callbacks.to_loss={_target_: pytorch_lightning.callbacks.EarlyStopping, "
+            f"monitor: val/loss, mode: min, stopping_threshold: {threshold + 1e-6!r}, "
+            "patience: 1000000, check_on_train_epoch_end: false}")
+
+
+def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, threads: int,
+                  extra: list[str] | None = None, platform_only: list[str] | None = None,
+                  log: Any = print) -> dict[str, Any]:
+    """``extra``: overrides for both sides (e.g. a shorter run); ``platform_only``: a recipe
+    change tried on the platform alone (reported as such, never silently)."""
+    from benchmarks.bench_train import run_platform
+
+    refs, plats, ratios, cpu_ratios = [], [], [], []
+    for r in range(rounds):  # A B A B: a change of load hits both sides alike
+        ref = run_ref(name, threads, extra or [])
+        plat = run_platform([*overrides, *(extra or []), *(platform_only or []),
+                             early_stop_override(ref["val_loss"])],
+                            None, workdir, threads)
+        refs.append(ref)
+        plats.append(plat)
+        reached = plat["val_loss"] is not None and plat["val_loss"] <= ref["val_loss"] + 1e-6
+        ratios.append(plat["wall_s"] / ref["wall_s"] if reached else math.inf)
+        cpu_ratios.append(plat["cpu_total_s"] / ref["cpu_total_s"] if reached else math.inf)
+        log(f"  to-loss {name} round {r + 1}/{rounds}: ref {ref['steps']} steps val {ref['val_loss']:.4f} "
+            f"in {ref['wall_s']:.1f} s (training {ref['train_s']:.1f} s); platform val {plat['val_loss']:.4f} at step {plat['steps']} "
+            f"in {plat['wall_s']:.1f} s ({'reached' if reached else 'NOT reached'}); "
+            f"ratio {ratios[-1]:.2f} wall, {cpu_ratios[-1]:.2f} CPU seconds; load {os.getloadavg()[0]:.1f}")
+    return {"preset": name, "ref_val_loss": statistics.median(x["val_loss"] for x in refs),
+            "ref_steps": refs[0]["steps"], "ref_wall_s": statistics.median(x["wall_s"] for x in refs),
+            "ref_train_s": statistics.median(x["train_s"] for x in refs),
+            "platform_wall_s": statistics.median(x["wall_s"] for x in plats),
+            "platform_steps": [x["steps"] for x in plats],
+            "platform_val_loss": [x["val_loss"] for x in plats],
+            "platform_wall/ref_wall": statistics.median(ratios),
+            # CPU seconds of each whole process (1 thread each on a busy machine): robust to load
+            "platform_cpu/ref_cpu": statistics.median(cpu_ratios), "extra_overrides": extra or [],
+            "platform_only_overrides": platform_only or []}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = (f"{'preset':<17}{'ref steps':>10}{'ref val':>9}{'ref wall':>10}{'plat steps':>12}"
+            f"{'plat wall':>10}{'wall 3/1':>10}{'cpu 3/1':>9}")
+    rows = [head, "-" * len(head)]
+    for r in results:
+        rows.append(f"{r['preset']:<17}{r['ref_steps']:>10}{r['ref_val_loss']:>9.4f}"
+                    f"{r['ref_wall_s']:>9.1f}s{statistics.median(r['platform_steps']):>12.0f}"
+                    f"{r['platform_wall_s']:>9.1f}s{r['platform_wall/ref_wall']:>10.2f}"
+                    f"{r.get('platform_cpu/ref_cpu', math.nan):>9.2f}")
+    return "\n".join(rows)
+
+
+def misses(results: list[dict[str, Any]]) -> list[str]:
+    return [f"{r['preset']}: time to the reference's val loss {r['platform_wall/ref_wall']:.2f}x "
+            f"the reference's wall > {TARGET}" for r in results if r["platform_wall/ref_wall"] > TARGET]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == CHILD:
+        from scalelab.runtime import apply_omp_env
+
+        apply_omp_env()
+        ref_child(sys.argv[2], sys.argv[3:])
