@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict, run_meta
-from scalelab.tracking.root import repo_root
+from scalelab.paths import repo_root
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 

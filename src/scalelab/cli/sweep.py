@@ -171,10 +171,10 @@ def run(argv: list[str]) -> int:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     t_start = time.time()
 
-    from scalelab.scaling.run import (
+    from scalelab.config.compose import compose
+    from scalelab.scaling.launch import (
         SweepRunner,
         build_plan,
-        compose,
         resolve_base,
         save_plan,
         split_settings,
@@ -213,7 +213,7 @@ def run(argv: list[str]) -> int:
                       f"{' '.join(argv_without_plan_only(args.overrides))}".rstrip())
         return 0
 
-    from scalelab.scaling.run import HeldoutScorer
+    from scalelab.scaling.launch import HeldoutScorer
     from scalelab.tracking.sweep import SweepParent
 
     heldout = _heldout_set(settings, base)  # a set that does not fit fails before any run
@@ -291,8 +291,8 @@ def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, p
     import pandas as pd
 
     from scalelab.cli.fit import print_results
+    from scalelab.scaling.launch import fit_sweep
     from scalelab.scaling.report import write_report
-    from scalelab.scaling.run import fit_sweep
 
     console.print(f"fitting {len(collected.runs)} runs ({settings.bootstrap} bootstrap resamples)")
     results, notes = fit_sweep(collected.runs, collected.curves, plan.spec.n_convention,

@@ -42,7 +42,7 @@ def _trainer_params() -> set[str]:
 
 def extra_trainer_keys(cfg: DictConfig) -> list[str]:
     """``trainer.*`` keys beyond the typed schema (added on the command line with ``+``)."""
-    from scalelab.cli.schema import TrainerSchema
+    from scalelab.config.schema import TrainerSchema
 
     known = set(TrainerSchema.__dataclass_fields__)
     return [str(k) for k in cfg.trainer if str(k) not in known]

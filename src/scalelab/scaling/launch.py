@@ -1,4 +1,4 @@
-"""Run a sweep: base config -> plan -> one ordinary `scalelab-train` run per point -> MLflow.
+"""The sweep launcher: base config -> plan -> one ordinary `scalelab-train` run per point -> MLflow.
 
 Every point is a plain training run through the same code path as `make train`: the sweep
 writes one Hydra config file per point (``<sweep>/conf/sweep_point/<point>.yaml``, package
@@ -100,20 +100,6 @@ def split_settings(sweep: dict[str, Any]) -> tuple[SweepSpec, FamilyConfig, RunS
 # --------------------------------------------------------------------------------------------
 # The base training config (what `scalelab-train <train_overrides>` would run)
 # --------------------------------------------------------------------------------------------
-def compose(config_name: str, overrides: list[str]) -> DictConfig:
-    """Compose a config of the repo's conf/ with Hydra's compose API (no run folder, no chdir)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from scalelab.cli import schema  # noqa: F401  (registers train_schema and resolvers)
-    from scalelab.tracking import conf_dir
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=list(overrides))
-
-
 @dataclass
 class BaseRun:
     cfg: DictConfig
@@ -131,7 +117,8 @@ class BaseRun:
 
 def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
     """Validate the shared training config like `scalelab-train` does, and prepare its data."""
-    from scalelab.cli.spec import build_spec
+    from scalelab.config.compose import compose
+    from scalelab.config.spec import build_spec
     from scalelab.tracking.store import resolve_tracking_uri
 
     try:
