@@ -76,7 +76,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 class CheckedRun:
     """A run whose every input passed its checks; nothing is written or created yet."""
 
-    cfg: DictConfig  # the composed config: logged as an artifact, hashed, +trainer/+callbacks extras
+    cfg: DictConfig  # the composed config: logged, hashed, and its +trainer/+callbacks extras
     spec: RunSpec
     model_cfg: ModelConfig  # with the tokenizer's vocabulary
     data: DataBundle
@@ -217,7 +217,8 @@ def _tracked_run(run: CheckedRun, tracker: Any, t_start: float) -> dict[str, Any
         _stop_if_signalled(spec, trainer, run.out_dir)
         if trainer.interrupted:
             raise KeyboardInterrupt  # Lightning swallowed Ctrl-C: record the run as KILLED
-        return _conclude(run, trainer, module, tracker, val_steps, fit_seconds, t_start)
+        return _final_values_and_outputs(run, trainer, module, tracker, val_steps, fit_seconds,
+                                         t_start)
 
 
 def _checkpoint_meta(run: CheckedRun, tracker: Any) -> dict[str, Any]:
@@ -233,8 +234,9 @@ def _checkpoint_meta(run: CheckedRun, tracker: Any) -> dict[str, Any]:
     }
 
 
-def _conclude(run: CheckedRun, trainer: Any, module: Any, tracker: Any, val_steps: list[int],
-              fit_seconds: float, t_start: float) -> dict[str, Any]:
+def _final_values_and_outputs(run: CheckedRun, trainer: Any, module: Any, tracker: Any,
+                              val_steps: list[int], fit_seconds: float,
+                              t_start: float) -> dict[str, Any]:
     """Final validation (if the last step had none) and checkpoint; then compute the final
     values, write them out, and return the summary."""
     from scalelab.cli.final import final_metrics
@@ -247,7 +249,7 @@ def _conclude(run: CheckedRun, trainer: Any, module: Any, tracker: Any, val_step
         trainer.validate(module, datamodule=run.data.datamodule, verbose=False)
         _stop_if_signalled(spec, trainer, out_dir)
     if spec.saves_checkpoints:
-        trainer.save_checkpoint(run.folder.last_checkpoint)  # the final state, whatever the val schedule
+        trainer.save_checkpoint(run.folder.last_checkpoint)  # the final state, any val schedule
     final = final_metrics(trainer, spec, run.model_cfg, fit_seconds, run.point.ckpt)
     sample = final_sample(spec, module, run.data) if trainer.is_global_zero else ""
     write_outputs(tracker, spec, out_dir, final, sample, run.folder.last_checkpoint,
