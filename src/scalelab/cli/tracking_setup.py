@@ -92,12 +92,12 @@ def run_params(cfg: DictConfig, spec: RunSpec, model_cfg: ModelConfig,
 
 def config_hash(cfg: DictConfig) -> str:
     """Hash of the resolved config minus where/how it runs: equal hash = same experiment."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(c, dict)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
     for key in ("paths", "logger", "resume", "ckpt_path", "tags"):
-        c.pop(key, None)
-    c.get("trainer", {}).pop("enable_progress_bar", None)
-    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        resolved.pop(key, None)
+    resolved.get("trainer", {}).pop("enable_progress_bar", None)
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def log_config(tracker: Any, cfg: DictConfig) -> None:

@@ -78,24 +78,27 @@ def trainer_kwargs(cfg: DictConfig, spec: RunSpec, tracker: Any, callbacks: list
                    out_dir: Path) -> dict[str, Any]:
     from scalelab.training.checkpoint import VerifiedCheckpointIO
 
-    t = spec.trainer
+    trainer = spec.trainer
     accum = spec.batch.grad_accum
     return {
-        "accelerator": str(t.accelerator), "devices": t.devices, "num_nodes": int(t.num_nodes),
-        "strategy": _strategy(spec), "precision": str(t.precision),
+        "accelerator": str(trainer.accelerator), "devices": trainer.devices,
+        "num_nodes": int(trainer.num_nodes),
+        "strategy": _strategy(spec), "precision": str(trainer.precision),
         "max_steps": spec.max_steps, "max_epochs": -1,
         "accumulate_grad_batches": accum, "gradient_clip_val": spec.optim.grad_clip or None,
         # Lightning counts val_check_interval in micro-batches; val_every is in optimizer steps.
         "val_check_interval": spec.val_every * accum, "check_val_every_n_epoch": None,
-        "limit_val_batches": t.limit_val_batches if t.limit_val_batches is not None
+        "limit_val_batches": trainer.limit_val_batches if trainer.limit_val_batches is not None
         else int(spec.train.val_batches),
-        "limit_train_batches": t.limit_train_batches,
-        "log_every_n_steps": int(t.log_every_n_steps),
-        "enable_progress_bar": bool(t.enable_progress_bar),
+        "limit_train_batches": trainer.limit_train_batches,
+        "log_every_n_steps": int(trainer.log_every_n_steps),
+        "enable_progress_bar": bool(trainer.enable_progress_bar),
         "enable_checkpointing": spec.saves_checkpoints, "enable_model_summary": False,
-        "deterministic": t.deterministic, "num_sanity_val_steps": int(t.num_sanity_val_steps),
-        "fast_dev_run": t.fast_dev_run, "overfit_batches": t.overfit_batches,
-        "profiler": t.profiler, "detect_anomaly": bool(t.detect_anomaly), "benchmark": t.benchmark,
+        "deterministic": trainer.deterministic,
+        "num_sanity_val_steps": int(trainer.num_sanity_val_steps),
+        "fast_dev_run": trainer.fast_dev_run, "overfit_batches": trainer.overfit_batches,
+        "profiler": trainer.profiler, "detect_anomaly": bool(trainer.detect_anomaly),
+        "benchmark": trainer.benchmark,
         "logger": tracker.lightning_logger(), "callbacks": callbacks,
         "default_root_dir": str(out_dir),
         "plugins": [VerifiedCheckpointIO()],  # temp file in place, fsync, rename, hash sidecar
@@ -106,14 +109,15 @@ def trainer_kwargs(cfg: DictConfig, spec: RunSpec, tracker: Any, callbacks: list
 def _strategy(spec: RunSpec) -> Any:
     """Lightning's strategy argument; ddp/fsdp go through scalelab.training.distributed so ranks
     > 0 re-run exactly this Hydra job (not the whole --multirun sweep)."""
-    t = spec.trainer
-    name = str(t.strategy)
+    trainer = spec.trainer
+    name = str(trainer.strategy)
     if name not in ("ddp", "fsdp"):
         return name
     from scalelab.cli.hydra_ddp import job_command
     from scalelab.training.distributed import build_strategy
 
     return build_strategy(
-        name, str(t.accelerator), fsdp=dict(t.fsdp) or None, ddp=dict(t.ddp) or None,
+        name, str(trainer.accelerator),
+        fsdp=dict(trainer.fsdp) or None, ddp=dict(trainer.ddp) or None,
         child_command=job_command if HydraConfig.initialized() else None,
     )
