@@ -78,6 +78,10 @@ def _agent_store(timeout_s: float = 600.0) -> Any:  # a torch.distributed.TCPSto
 
 
 def _torchrun_rank() -> int | None:
+    # torch's is_torchelastic_launched() reads this variable: checking it first keeps Lightning
+    # (imported by training.distributed) out of every start that torchrun did not launch
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
     from scalelab.training.distributed import launched_by_torchrun
 
     return int(os.environ["RANK"]) if launched_by_torchrun() else None

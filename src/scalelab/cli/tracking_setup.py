@@ -32,7 +32,7 @@ def probe_tracking(spec: RunSpec, rank0: bool) -> str | None:
 
 def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None, rank0: bool) -> Any:
     """A Tracker on a new or reopened MLflow run; a NullTracker off rank 0 or without MLflow."""
-    from scalelab.tracking.run import NullTracker
+    from scalelab.tracking.null import NullTracker
 
     if not rank0 or spec.logger.backend != "mlflow" or spec.fast_dev_run:
         return NullTracker()

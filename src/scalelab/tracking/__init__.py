@@ -23,7 +23,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Tracker", "NullTracker"):
+    if name == "NullTracker":
+        from scalelab.tracking.null import NullTracker
+
+        return NullTracker
+    if name == "Tracker":
         from scalelab.tracking import run
 
         return getattr(run, name)
