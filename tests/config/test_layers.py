@@ -59,23 +59,35 @@ def test_register_is_idempotent() -> None:
     assert compose("train", []).paths.root
 
 
-def test_composition_and_config_errors_load_no_lightning_or_mlflow() -> None:
-    code = """
+def test_composition_and_config_errors_load_no_lightning_or_mlflow(tmp_path: Path) -> None:
+    code = f"""
 import sys
-import scalelab.cli.train
+from scalelab.cli.train import train
 from scalelab.config.compose import compose
-from scalelab.config.spec import build_spec
-cfg = compose("train", ["model.n_heads=3"])
+cfg = compose("train", ["model.n_heads=3", "paths.output_dir={tmp_path / 'run'}"])
 try:
-    build_spec(cfg)
-except ValueError:
-    pass
+    train(cfg)
+except ValueError as e:
+    assert "n_heads" in str(e), e
 else:
     raise SystemExit("no error")
 print(sorted(m for m in ("pytorch_lightning", "lightning_fabric", "mlflow") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr
+    assert not (tmp_path / "run").exists()  # nothing written either
+
+
+def test_train_help_loads_no_lightning_or_mlflow() -> None:
+    code = """
+import sys, atexit
+atexit.register(lambda: print(sorted(m for m in ("pytorch_lightning", "mlflow") if m in sys.modules)))
+sys.argv = ["scalelab-train", "--help"]
+from scalelab.cli.train import main
+main()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "Powered by Hydra" in out.stdout and out.stdout.strip().endswith("[]"), out.stderr
 
 
 def test_yaml_gives_every_schema_key_a_value() -> None:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import logging.handlers
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,16 @@ class RunFolder:
             buffer.buffer.clear()
             root.addHandler(h)
         self._held = []
+
+    @contextlib.contextmanager
+    def abandoned_on_error(self, rank0: bool) -> Iterator[None]:
+        """Abandon the folder (rank 0) if the block raises; the error goes on."""
+        try:
+            yield
+        except BaseException:
+            if rank0:
+                self.abandon()
+            raise
 
     def commit(self) -> None:
         self._release_file_logs(write=True)

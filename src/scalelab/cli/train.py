@@ -91,25 +91,24 @@ class CheckedRun:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run one training job from a composed config; returns the summary dict."""
+    t_start = time.time()
+    rank0 = is_global_zero()
+    folder = RunFolder(_output_dir(cfg))
+    with folder.abandoned_on_error(rank0):
+        spec = _validated_spec(cfg, folder)  # config errors: before Lightning is even imported
     from scalelab.training.signals import STOP
 
     STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
     try:
-        return _train(cfg)
+        return _train(cfg, spec, folder, rank0, t_start)
     finally:
         STOP.uninstall()
 
 
-def _train(cfg: DictConfig) -> dict[str, Any]:
-    t_start = time.time()
-    rank0 = is_global_zero()
-    folder = RunFolder(_output_dir(cfg))
-    try:  # check everything before touching the folder, its config or any MLflow run
-        run = _check_run(cfg, folder, rank0)
-    except BaseException:
-        if rank0:
-            folder.abandon()
-        raise
+def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
+           t_start: float) -> dict[str, Any]:
+    with folder.abandoned_on_error(rank0):  # nothing is written before the inputs are checked
+        run = _check_run(cfg, spec, folder, rank0)
     if rank0:
         folder.out_dir.mkdir(parents=True, exist_ok=True)
         folder.commit()
@@ -138,19 +137,26 @@ def _train(cfg: DictConfig) -> dict[str, Any]:
     return summary
 
 
-def _check_run(cfg: DictConfig, folder: RunFolder, rank0: bool) -> CheckedRun:
-    """Validate the config, choose the checkpoint, probe MLflow and prepare the data: every
-    error surfaces here, before the run folder is committed or an MLflow run exists."""
-    from scalelab.cli.torch_setup import check_precision, setup_torch
+def _validated_spec(cfg: DictConfig, folder: RunFolder) -> RunSpec:
+    """Every config error, before any IO."""
+    from scalelab.cli.torch_setup import check_precision
+
+    RunFolder.check_usable(folder.out_dir)
+    spec = build_spec(cfg)
+    check_branch_keys(spec)
+    check_precision(spec)
+    trainer_args.check(cfg)  # +trainer.<any Lightning arg>, +callbacks.<name>={_target_: ...}
+    return spec
+
+
+def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool) -> CheckedRun:
+    """Choose the checkpoint, probe MLflow and prepare the data: every input error surfaces
+    here, before the run folder is committed or an MLflow run exists."""
+    from scalelab.cli.torch_setup import setup_torch
     from scalelab.cli.tracking_setup import probe_tracking
     from scalelab.training.signals import is_slurm_requeue
 
     out_dir = folder.out_dir
-    RunFolder.check_usable(out_dir)
-    spec = build_spec(cfg)  # every config error surfaces here, before any IO
-    check_branch_keys(spec)
-    check_precision(spec)
-    trainer_args.check(cfg)  # +trainer.<any Lightning arg>, +callbacks.<name>={_target_: ...}
     # the saved config names the folder actually used
     cfg.paths.output_dir = spec.paths.output_dir = str(out_dir)
     if is_slurm_requeue() and not spec.ckpt_path and folder.last_checkpoint.exists():
