@@ -78,29 +78,27 @@ MODES = {  # presets, rounds, plain-loop steps per round, platform steps per run
 
 # --- config and data, as scalelab-train builds them ------------------------------------------
 def compose(overrides: list[str]) -> Any:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from scalelab.config.compose import compose as compose_config
 
-    from scalelab.cli.train import normalize_overrides
-    from scalelab.tracking import conf_dir
-
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return hydra_compose("train", overrides=normalize_overrides(overrides))
+    return compose_config("train", overrides)
 
 
 def prepare_preset(overrides: list[str], n_batches: int = 16) -> dict[str, Any]:
     """Model config, optimizer config, objective and a fixed list of train batches."""
-    from scalelab.cli.spec import build_spec
-    from scalelab.cli.train import _build_data
+    from scalelab.config.spec import build_spec
+    from scalelab.data.bundle import build_data_bundle
 
     cfg = compose(overrides)
     cfg.paths.data_dir = str(data_dir())
     spec = build_spec(cfg)
-    data = _build_data(cfg, spec, rank0=False)
-    it = iter(data["datamodule"].train_dataloader())
+    data = build_data_bundle(spec.objective, spec.data, spec.tokenizer,
+                             micro_batch=spec.batch.micro_batch, block_size=spec.block_size,
+                             seed=spec.seed, val_batches=int(spec.train.val_batches),
+                             cache_dir=data_dir(), progress=False)
+    it = iter(data.datamodule.train_dataloader())
     batches = [next(it) for _ in range(n_batches)]
-    return {"cfg": cfg, "spec": spec, "model_cfg": spec.with_vocab(data["vocab_size"]),
-            "batches": batches, "datamodule": data["datamodule"]}
+    return {"cfg": cfg, "spec": spec, "model_cfg": spec.with_vocab(data.vocab_size),
+            "batches": batches, "datamodule": data.datamodule}
 
 
 def data_dir() -> Path:

@@ -13,18 +13,17 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from scalelab.cli import (
-    schema,  # noqa: F401  (registers resolvers + train_schema)
-    trainer_args,
-)
-from scalelab.cli.counts import as_count
+from scalelab.cli import trainer_args
 from scalelab.cli.naming import run_name
-from scalelab.cli.spec import build_spec
-from scalelab.cli.train import normalize_overrides
-from scalelab.tracking import conf_dir
+from scalelab.config.compose import normalize_overrides
+from scalelab.config.counts import as_count
+from scalelab.config.schema import register
+from scalelab.config.spec import build_spec
+from scalelab.paths import conf_dir
 
 
 def make(*overrides: str):
+    register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return compose("train", overrides=normalize_overrides(list(overrides)))

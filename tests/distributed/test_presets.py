@@ -10,13 +10,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import scalelab.cli.schema  # noqa: F401  (registers train_schema + resolvers)
+from scalelab.config.schema import register
 from scalelab.model.blocks import Block, CrossBlock
-from scalelab.tracking import conf_dir
+from scalelab.paths import conf_dir
 from scalelab.training import distributed as D
 
 
 def _compose(*overrides: str):
+    register()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return compose("train", overrides=list(overrides), return_hydra_config=True)
 

@@ -73,14 +73,17 @@ def test_generation_ignores_checkpointing() -> None:
 def test_train_config_key_reaches_the_model() -> None:
     from hydra import compose, initialize_config_dir
 
-    import scalelab.cli.schema  # noqa: F401  (registers train_schema)
-    from scalelab.cli.modules import build_module
-    from scalelab.cli.spec import build_spec
-    from scalelab.tracking import conf_dir
+    from scalelab.cli.lightning_module import build_module
+    from scalelab.config.schema import register
+    from scalelab.config.spec import build_spec
+    from scalelab.data.bundle import DataBundle
+    from scalelab.paths import conf_dir
 
+    register()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("train", overrides=["train.activation_checkpointing=true"])
     spec = build_spec(cfg)
-    data = {"bytes_per_token": 1.0, "tokenizer": None}
-    module = build_module(cfg, spec, spec.with_vocab(64), data)
+    data = DataBundle(datamodule=None, vocab_size=64, tokenizer=None, tokenizer_spec={},
+                      bytes_per_token=1.0)
+    module = build_module(spec, spec.with_vocab(64), data)
     assert module.model.decoder.checkpointing and module.hparams["activation_checkpointing"]

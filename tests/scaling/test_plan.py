@@ -149,11 +149,11 @@ def test_corpus_too_small_unless_repeat_allowed():
 # --- the point configs reach the training app unchanged (Hydra compose, no training) ------------
 @pytest.mark.slow  # imports Lightning through the train config schema (seconds)
 def test_point_config_composes_into_the_train_config(tmp_path):
-    from scalelab.cli.spec import build_spec
-    from scalelab.scaling.run import (
+    from scalelab.config.compose import compose
+    from scalelab.config.spec import build_spec
+    from scalelab.scaling.launch import (
         BaseRun,
         RunSettings,
-        compose,
         point_overrides,
         train_command,
         write_point_config,
@@ -254,10 +254,10 @@ def test_wsd_off_keeps_the_cosine_point_hashes():
 
 
 def test_wsd_point_configs_compose_into_main_and_branch_runs(tmp_path):
-    from scalelab.scaling.run import (
+    from scalelab.config.compose import compose
+    from scalelab.scaling.launch import (
         BaseRun,
         RunSettings,
-        compose,
         point_overrides,
         write_point_config,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalelab.scaling.run import RunSettings
+from scalelab.scaling.launch import RunSettings
 
 
 @pytest.mark.parametrize("name", ["../../x", "..", ".", ".hidden", "a/b", "a\\b", ""])

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import scalelab
-from scalelab.tracking import conf_dir, global_rank, is_global_zero, repo_root
+from scalelab.paths import conf_dir, repo_root
+from scalelab.tracking import global_rank, is_global_zero
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "SLURM_NTASKS", "LOCAL_WORLD_SIZE",
              "JSM_NAMESPACE_RANK", "GROUP_RANK")

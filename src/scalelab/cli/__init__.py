@@ -1,7 +1,7 @@
 """Thin Hydra/argparse entry points: scalelab-train, -sample, -export (and -data, -sweep, -fit).
 
-Importing ``scalelab.cli.schema`` registers the structured-config schema (``train_schema``) and
-the ``${scalelab.root:}`` / ``${scalelab.run_dir:...}`` resolvers that ``conf/`` uses.
+The config they compose (schema, validation, compose) lives one layer down, in
+``scalelab.config``; each Hydra entry point calls ``scalelab.config.schema.register()`` first.
 """
 
 # Before torch loads libgomp (it reads OMP_WAIT_POLICY once): PASSIVE only when the cores are

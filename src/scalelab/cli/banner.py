@@ -11,7 +11,10 @@ import io
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scalelab.data.bundle import DataBundle
 
 log = logging.getLogger("scalelab.train")
 RULE = "─" * 72
@@ -26,14 +29,11 @@ def ui_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | No
 
 
 def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec: Any,
-                data: dict[str, Any], resumed_from: Path | None) -> list[str]:
+                data: DataBundle, resumed_from: Path | None) -> list[str]:
     n = model_cfg.n_params()
     fpt = model_cfg.flops_per_token(training=True, attention=True, seq_len=spec.block_size)
     tokens = spec.max_steps * spec.batch.tokens_per_step
-    prepared = data.get("prepared")
-    source = f"{spec.data.name}"
-    if prepared is not None:
-        source += f" ({prepared.dir})"
+    source = spec.data.name + (f" ({data.source})" if data.source else "")
     lines = [
         RULE,
         f"scalelab-train  {run_name}" + (f"  (resuming from {resumed_from})" if resumed_from else ""),
@@ -48,7 +48,7 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"N={n:,} parameters, {fpt:,} FLOPs/token (training)",
         f"tokens planned: {tokens:,} ({spec.max_steps:,} steps x {spec.batch.tokens_per_step:,} "
         f"tokens, {tokens * fpt:.3g} FLOPs)",
-        f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data['vocab_size']:,}",
+        f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data.vocab_size:,}",
         RULE,
     ]
     return lines

@@ -11,7 +11,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import TQDMProgressBar
 
-from scalelab.cli.spec import plain
+from scalelab.config.spec import plain
 
 
 class RunState(pl.Callback):

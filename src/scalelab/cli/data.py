@@ -10,24 +10,17 @@ cfg.data / cfg.tokenizer into cfg.paths.data_dir, e.g.::
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from scalelab.tracking.root import conf_dir, repo_root
+from scalelab.config.schema import register
+from scalelab.paths import conf_dir
 
 CONF_DIR = str(conf_dir())  # the package's conf/ (shipped in the wheel)
-
-# The training CLI's schema module registers the train_schema structured config and the
-# ${scalelab.root:} resolver that conf/train.yaml uses; import it when present.
-with contextlib.suppress(ImportError):
-    import scalelab.cli.schema  # noqa: F401
-
-if not OmegaConf.has_resolver("scalelab.root"):
-    OmegaConf.register_new_resolver("scalelab.root", lambda: str(repo_root()))
+register()  # train_schema and the ${scalelab.*} resolvers conf/train.yaml uses, before composing
 
 
 def run(cfg: DictConfig) -> int:

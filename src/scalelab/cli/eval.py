@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict, run_meta
-from scalelab.tracking.root import repo_root
+from scalelab.paths import repo_root
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -57,12 +57,12 @@ def load_model(source: str, tracking_uri: str | None = None) -> tuple[Any, dict[
 
 
 def _prepared(meta: dict[str, Any], data: str | None, data_dir: Path) -> Any:
-    import scalelab.data as D
+    from scalelab.data import DataConfig, PreparedData, TokenizerConfig, prepare
 
     spec = meta.get("tokenizer") or {}
     if data is None:
         if spec.get("dir") and Path(spec["dir"]).is_dir():
-            return D.PreparedData.load(spec["dir"])
+            return PreparedData.load(spec["dir"])
         raise ValueError("no prepared corpus recorded for this model; pass --data NAME "
                          "(a conf/data/*.yaml name)")
     yaml = repo_root() / "conf" / "data" / f"{data}.yaml"
@@ -77,8 +77,8 @@ def _prepared(meta: dict[str, Any], data: str | None, data_dir: Path) -> Any:
         raise ValueError(f"--data {data}: a {tok_name} vocabulary is built from its own corpus "
                          f"({meta['data']}); evaluate on that corpus, or use a model with a fixed "
                          "vocabulary (byte, gpt2, cl100k_base, ...)")
-    return D.prepare(D.DataConfig(**fields), D.TokenizerConfig(name=str(tok_name)),  # type: ignore[arg-type]
-                     cache_dir=data_dir, progress=False)
+    return prepare(DataConfig(**fields), TokenizerConfig(name=str(tok_name)),  # type: ignore[arg-type]
+                   cache_dir=data_dir, progress=False)
 
 
 def _data_fields(name: str) -> dict[str, Any]:
@@ -102,23 +102,23 @@ def _run_data_fields(meta: dict[str, Any], run_dir: Path | None) -> dict[str, An
 
 def _seq2seq(args: argparse.Namespace, model: Any, meta: dict[str, Any]) -> int:
     """Exact match and teacher-forced loss on the first --sequences validation pairs."""
-    import scalelab.data as D
+    from scalelab.data import DataConfig, Seq2SeqDataModule
     from scalelab.data.datamodules import collate_seq2seq
     from scalelab.training.evaluate import evaluate_seq2seq
 
     ckpt = Path(meta.get("_path", "")) if meta.get("_path") else None
     run_dir = ckpt.parent.parent if ckpt and ckpt.parent.name == "checkpoints" else None
     fields = _data_fields(args.data) if args.data else _run_data_fields(meta, run_dir)
-    dm = D.Seq2SeqDataModule(D.DataConfig(**fields), batch_size=64)
+    dm = Seq2SeqDataModule(DataConfig(**fields), batch_size=64)
     spec = meta.get("tokenizer") or {}
     if spec.get("chars") is not None and spec["chars"] != dm.vocab.chars:
         raise ValueError("the data's character vocabulary differs from the model's; evaluate on "
                          "the task it was trained on")
-    v = dm.vocab
+    vocab = dm.vocab
     rows = dm.val_examples[: args.sequences]
-    batches = [collate_seq2seq(rows[i:i + 64], v.pad_id, v.bos_id, v.eos_id)
+    batches = [collate_seq2seq(rows[i:i + 64], vocab.pad_id, vocab.bos_id, vocab.eos_id)
                for i in range(0, len(rows), 64)]
-    res = evaluate_seq2seq(model.to(args.device), batches, v.eos_id, device=args.device)
+    res = evaluate_seq2seq(model.to(args.device), batches, vocab.eos_id, device=args.device)
     dataset = args.data or fields.get("name", "seq2seq")
     print(f"{dataset} val: {res.n_windows:,} sequences ({res.n_tokens:,} target tokens)")
     print(f"  exact match {res.exact_match:.4f} ± {res.exact_match_se:.4f}   loss {res.loss:.4f} ± "

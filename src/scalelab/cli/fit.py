@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print_results(results)  # its notes name every approach left out and why
     if not args.no_report:
         name = args.csv.stem if args.csv is not None else (args.sweep or args.parent_run_id)
-        from scalelab.tracking.root import repo_root
+        from scalelab.paths import repo_root
 
         out = args.out or repo_root() / "reports" / f"fit_{name}"  # never relative to the cwd
         files = write_report(results, out)

@@ -78,6 +78,10 @@ def _agent_store(timeout_s: float = 600.0) -> Any:  # a torch.distributed.TCPSto
 
 
 def _torchrun_rank() -> int | None:
+    # torch's is_torchelastic_launched() reads this variable: checking it first keeps Lightning
+    # (imported by training.distributed) out of every start that torchrun did not launch
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
     from scalelab.training.distributed import launched_by_torchrun
 
     return int(os.environ["RANK"]) if launched_by_torchrun() else None
@@ -126,11 +130,11 @@ def begin_job(cfg: Any) -> None:
 
     from scalelab.training.distributed import claim_device, torchrun_layout
 
-    t = cfg.trainer
+    trainer = cfg.trainer
     layout = torchrun_layout()
     if layout is not None:
-        if str(t.devices) in ("auto", "-1"):
-            t.devices, t.num_nodes = layout
+        if str(trainer.devices) in ("auto", "-1"):
+            trainer.devices, trainer.num_nodes = layout
         if HydraConfig.initialized():
             publish_output_dir(str(HydraConfig.get().runtime.output_dir))
         return
@@ -141,12 +145,12 @@ def begin_job(cfg: Any) -> None:
         return
     import torch
 
-    gpu = str(t.accelerator) in ("gpu", "cuda") or (str(t.accelerator) == "auto"
+    gpu = str(trainer.accelerator) in ("gpu", "cuda") or (str(trainer.accelerator) == "auto"
                                                     and torch.cuda.is_available())
-    if gpu and str(t.devices) == "1" and torch.cuda.device_count() > 1:
+    if gpu and str(trainer.devices) == "1" and torch.cuda.device_count() > 1:
         idx, _device_claim = claim_device(Path(hc.sweep.dir) / ".device_locks",
                                           torch.cuda.device_count())
-        t.devices = [idx]
+        trainer.devices = [idx]
 
 
 def end_job() -> None:

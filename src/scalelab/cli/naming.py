@@ -10,7 +10,7 @@ Scaling sweeps name their points themselves (``sweep_point`` overrides set ``run
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from scalelab.config.spec import RunSpec
 
 # Overrides that say where or how a run is recorded, not what it trains.
 _IGNORED_PREFIXES = (
@@ -44,7 +44,7 @@ def run_name(base: str, overrides: list[str]) -> str:
     return name
 
 
-def resolve(cfg: DictConfig) -> tuple[str, dict[str, str]]:
+def resolve(spec: RunSpec) -> tuple[str, dict[str, str]]:
     """The MLflow run name for this job and the tags that go with it.
 
     Reads Hydra's runtime config when there is one (job overrides, multirun job number).
@@ -52,7 +52,7 @@ def resolve(cfg: DictConfig) -> tuple[str, dict[str, str]]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    base = str(cfg.run_name)
+    base = str(spec.run_name)
     if not HydraConfig.initialized():
         return base, {}
     hc = HydraConfig.get()
@@ -61,7 +61,7 @@ def resolve(cfg: DictConfig) -> tuple[str, dict[str, str]]:
     explicit = any(o.lstrip("+").startswith("run_name=") for o in overrides)
     if hc.mode == RunMode.MULTIRUN:
         tags["scalelab.overrides"] = " ".join(overrides)
-        if cfg.logger.parent_run_id:  # a scaling sweep's point: its name is already its own
+        if spec.logger.parent_run_id:  # a scaling sweep's point: its name is already its own
             return base, tags
         return f"{base}-{hc.job.num}", tags
     if explicit:
@@ -72,19 +72,19 @@ def resolve(cfg: DictConfig) -> tuple[str, dict[str, str]]:
     return name, tags
 
 
-def multirun_parent(cfg: DictConfig, tracking_uri: str) -> str | None:
+def multirun_parent(spec: RunSpec, tracking_uri: str) -> str | None:
     """The parent run of this ``--multirun`` job (None for single runs and scaling sweeps)."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    if cfg.logger.parent_run_id or not HydraConfig.initialized():
+    if spec.logger.parent_run_id or not HydraConfig.initialized():
         return None
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return None
     from scalelab.tracking.multirun import parent_run_id
 
-    return parent_run_id(tracking_uri, str(cfg.logger.experiment_name), Path(hc.sweep.dir),
-                         f"{cfg.run_name} (multirun)", cfg.logger.artifact_root)
+    return parent_run_id(tracking_uri, str(spec.logger.experiment_name), Path(hc.sweep.dir),
+                         f"{spec.run_name} (multirun)", spec.logger.artifact_root)

@@ -16,6 +16,8 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
 
+from scalelab.config.schema import ProgressBarSchema
+
 log = logging.getLogger("scalelab.train")
 
 
@@ -79,11 +81,11 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def progress_callback(cfg: Any) -> ProgressBar:
+def progress_callback(settings: ProgressBarSchema) -> ProgressBar:
     """tqdm on a terminal, ``LineProgress`` when stdout is a pipe or a file."""
-    pb = cfg.callbacks.progress_bar
+    pb = settings
     if sys.stdout.isatty():
         from scalelab.cli.callbacks import ProgressBar as Bar
 
         return Bar(refresh_rate=int(pb.refresh_rate))
-    return LineProgress(every=int(pb.get("plain_every", 50)))
+    return LineProgress(every=int(pb.plain_every))

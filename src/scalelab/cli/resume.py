@@ -14,19 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
-from scalelab.training.checkpoint import (
-    CheckpointError,
-    check_compatible,
-    newest_verified,
-    read_meta,
-    verify,
-)
+from scalelab.cli.run_folder import RUN_ID_FILE, SUMMARY_FILE
+from scalelab.config.spec import RunSpec
 
 log = logging.getLogger("scalelab.train")
-RUN_ID_FILE = "mlflow_run_id"
-SUMMARY_FILE = "summary.json"
 
 
 @dataclass
@@ -41,18 +32,30 @@ def _is_checkpoint(p: Path) -> bool:
     return p.is_file() or (p.is_dir() and (p / ".metadata").is_file())
 
 
-def resume_point(cfg: DictConfig, out_dir: Path) -> ResumePoint:
+def resume_point(spec: RunSpec, out_dir: Path) -> ResumePoint:
     """The checkpoint to continue from and the MLflow run to reopen; raises on a bad choice."""
-    if cfg.ckpt_path:
-        ckpt = Path(str(cfg.ckpt_path)).expanduser().resolve()
+    point = _chosen_checkpoint(spec, out_dir)
+    rid = out_dir / RUN_ID_FILE
+    if point.key != "train.init_from" and point.ckpt is not None \
+            and point.ckpt.parent.parent == out_dir and rid.is_file():
+        point.run_id = rid.read_text().strip() or None
+    return point
+
+
+def _chosen_checkpoint(spec: RunSpec, out_dir: Path) -> ResumePoint:
+    # training.checkpoint imports torch and Lightning: only once a run is being built
+    from scalelab.training.checkpoint import CheckpointError, newest_verified, verify
+
+    if spec.ckpt_path:
+        ckpt = Path(str(spec.ckpt_path)).expanduser().resolve()
         if not _is_checkpoint(ckpt):
-            raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path}: no such checkpoint file")
+            raise FileNotFoundError(f"ckpt_path={spec.ckpt_path}: no such checkpoint file")
         why = verify(ckpt)
         if why:
             raise CheckpointError(f"ckpt_path={ckpt}: {why}; pass another checkpoint "
                                   "(e.g. checkpoints/best.ckpt or a step_<N>.ckpt)")
-        point = ResumePoint(ckpt, key="ckpt_path")
-    elif cfg.resume:
+        return ResumePoint(ckpt, key="ckpt_path")
+    if spec.resume:
         ckpt_dir = out_dir / "checkpoints"
         ckpt, skipped = newest_verified(ckpt_dir)
         if ckpt is None and not skipped:
@@ -64,24 +67,19 @@ def resume_point(cfg: DictConfig, out_dir: Path) -> ResumePoint:
             listed = "; ".join(f"{p.name}: {why}" for p, why in skipped)
             raise CheckpointError(f"resume=true: no usable checkpoint in {ckpt_dir} ({listed}); "
                                   "start the run again without resume=true")
-        point = ResumePoint(ckpt, key="resume", skipped=skipped)  # logged once it passed the checks
-    elif cfg.train.get("init_from"):
+        return ResumePoint(ckpt, key="resume", skipped=skipped)  # logged once it passed the checks
+    if spec.train.init_from:
         # a NEW run from another run's checkpoint (WSD branch): step, optimizer and data
         # position carry over, but never the source run's MLflow run or folder
-        ckpt = Path(str(cfg.train.init_from)).expanduser().resolve()
+        ckpt = Path(str(spec.train.init_from)).expanduser().resolve()
         if not _is_checkpoint(ckpt):
-            raise FileNotFoundError(f"train.init_from={cfg.train.init_from}: no such checkpoint "
+            raise FileNotFoundError(f"train.init_from={spec.train.init_from}: no such checkpoint "
                                     "file (e.g. <run folder>/checkpoints/step_<N>.ckpt)")
         why = verify(ckpt)
         if why:
             raise CheckpointError(f"train.init_from={ckpt}: {why}; pass another checkpoint")
         return ResumePoint(ckpt, key="train.init_from")
-    else:
-        return ResumePoint()
-    rid = out_dir / RUN_ID_FILE
-    if point.ckpt is not None and point.ckpt.parent.parent == out_dir and rid.is_file():
-        point.run_id = rid.read_text().strip() or None
-    return point
+    return ResumePoint()
 
 
 def _summary(out_dir: Path) -> dict[str, Any]:
@@ -92,14 +90,12 @@ def _summary(out_dir: Path) -> dict[str, Any]:
     return s if isinstance(s, dict) else {}
 
 
-def check_resume_point(point: ResumePoint, cfg: DictConfig, out_dir: Path, *, max_steps: int,
-                       model_config: dict[str, Any], objective: str,
-                       tokenizer: dict[str, Any]) -> None:
+def check_resume_point(point: ResumePoint, spec: RunSpec, out_dir: Path, *,
+                       model_config: dict[str, Any], tokenizer: dict[str, Any]) -> None:
     """Raise (one line) unless ``point`` may continue into ``out_dir`` with this model."""
     if point.ckpt is None:
         return
-    _check(point, cfg, out_dir, max_steps=max_steps, model_config=model_config,
-           objective=objective, tokenizer=tokenizer)
+    _check(point, spec, out_dir, model_config=model_config, tokenizer=tokenizer)
     # only now, so a refused command writes nothing, not even to the run's train.log
     for p, why in point.skipped:
         log.warning("resume: skipped %s (%s)", p, why)
@@ -107,12 +103,15 @@ def check_resume_point(point: ResumePoint, cfg: DictConfig, out_dir: Path, *, ma
         log.warning("resume: continuing from %s", point.ckpt)
 
 
-def _check(point: ResumePoint, cfg: DictConfig, out_dir: Path, *, max_steps: int,
-           model_config: dict[str, Any], objective: str, tokenizer: dict[str, Any]) -> None:
+def _check(point: ResumePoint, spec: RunSpec, out_dir: Path, *,
+           model_config: dict[str, Any], tokenizer: dict[str, Any]) -> None:
+    from scalelab.training.checkpoint import check_compatible, read_meta
+
     assert point.ckpt is not None
+    max_steps = spec.max_steps
     meta = read_meta(point.ckpt)
-    check_compatible(point.key, point.ckpt, meta, model_config=model_config, objective=objective,
-                     tokenizer=tokenizer)
+    check_compatible(point.key, point.ckpt, meta, model_config=model_config,
+                     objective=spec.objective, tokenizer=tokenizer)
     if point.key == "train.init_from":
         return  # a new run in a new folder: nothing is reopened
     summary = _summary(out_dir)
@@ -120,7 +119,7 @@ def _check(point: ResumePoint, cfg: DictConfig, out_dir: Path, *, max_steps: int
         return  # killed or failed: continuing it is what resume is for
     # a finished run is reopened only to ADD steps beyond the ones it finished with
     done = int((summary.get("metrics") or {}).get("final/steps") or meta.get("global_step", 0))
-    if not cfg.resume:
+    if not spec.resume:
         raise ValueError(
             f"{point.key}={point.ckpt} continues the FINISHED run in {out_dir}; to add steps to it "
             f"pass resume=true with train.max_steps above {done}, or start a new run from it with "
@@ -129,3 +128,28 @@ def _check(point: ResumePoint, cfg: DictConfig, out_dir: Path, *, max_steps: int
         raise ValueError(
             f"resume=true: the run in {out_dir} FINISHED at step {done} and this command has "
             f"train.max_steps={max_steps}: nothing to add; raise train.max_steps above {done}")
+
+
+def check_branch_keys(spec: RunSpec) -> None:
+    """train.save_at_steps / train.init_from: bad values fail before any IO."""
+    bad = [int(s) for s in spec.train.save_at_steps or [] if not 1 <= int(s) <= spec.max_steps]
+    if bad:
+        raise ValueError(f"train.save_at_steps={list(spec.train.save_at_steps)}: steps {bad} are "
+                         f"outside 1..{spec.max_steps} (the run's optimizer steps)")
+    if spec.train.init_from and not (spec.resume or spec.ckpt_path):
+        step = module_start_step(Path(str(spec.train.init_from)).expanduser())
+        if step >= spec.max_steps:
+            raise ValueError(f"train.init_from={spec.train.init_from} is at step {step}, but the "
+                             f"run has only {spec.max_steps} steps; raise train.max_steps")
+
+
+def module_start_step(ckpt: Path | None) -> int:
+    """Global step stored in a checkpoint (0 for a fresh run)."""
+    if ckpt is None:
+        return 0
+    import torch
+
+    try:
+        return int(torch.load(ckpt, map_location="cpu", weights_only=True).get("global_step", 0))
+    except Exception:  # unreadable: throughput just covers the whole run
+        return 0

@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
 
+from scalelab.config.spec import RunSpec
 from scalelab.training.signals import REQUEUE_SIGNAL, STOP, RunStopped, requeue_slurm_job
 
 log = logging.getLogger("scalelab.train")
 _NOT_CARRIED = ("resume", "ckpt_path", "paths.output_dir")
 
 
-def resume_command(cfg: DictConfig, out_dir: Path) -> str:
+def resume_command(spec: RunSpec, out_dir: Path) -> str:
     """The command that continues this run (a sweep point: rerunning the sweep does it)."""
-    if cfg.logger.get("parent_run_id"):
+    if spec.logger.parent_run_id:
         return "rerun the same scalelab-sweep command (it resumes this point from its checkpoint)"
     overrides: list[str] = []
     if HydraConfig.initialized():
@@ -33,7 +33,7 @@ def resume_command(cfg: DictConfig, out_dir: Path) -> str:
     return shlex.join(["scalelab-train", *keep, "resume=true", f"paths.output_dir={out_dir}"])
 
 
-def on_stop(cfg: DictConfig, out_dir: Path, tracker: Any, exc: BaseException,
+def on_stop(spec: RunSpec, out_dir: Path, tracker: Any, exc: BaseException,
             rank0: bool) -> tuple[dict[str, Any], RunStopped] | None:
     """None unless a signal stopped the run; else (summary fields, the exception to exit with).
 
@@ -48,7 +48,7 @@ def on_stop(cfg: DictConfig, out_dir: Path, tracker: Any, exc: BaseException,
     fields: dict[str, Any] = {"signal": name, "exit_code": 128 + signum,
                               "checkpoint": str(ckpt) if ckpt.exists() else None}
     if rank0:
-        command = resume_command(cfg, out_dir)
+        command = resume_command(spec, out_dir)
         fields["resume_command"] = command
         tags = {"scalelab.stop_signal": name}
         if signum == REQUEUE_SIGNAL:

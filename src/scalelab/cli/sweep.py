@@ -88,22 +88,22 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
                                     if wsd else []) + ([_fmt_s(estimates[i])] if estimates else [])
         t.add_row(*row)
     console.print(t)
-    s = plan.spec
+    study = plan.spec
     console.print(
-        f"tokens/step {plan.tokens_per_step:,} (T={plan.seq_len}); lr rule {s.lr_rule} "
-        f"(lr={s.lr:g}" + (f" x {s.base_width}/d" + (f", max {s.max_lr:g}" if s.max_lr is not None else "")
-           if s.lr_rule != "fixed" else "")
-        + f"); warmup ~{s.warmup_tokens_per_param:g} N tokens, <= {s.max_warmup_fraction:.0%} of "
-        f"steps" + (f"; tune stage first: lr x {s.tune_lr_factors} -> lr*(N) for every point"
-                    if s.tune_lr_factors else "") + (f"; {s.seeds} seeds per point" if s.seeds > 1
-                                                      else "") + f"; {'wsd' if s.wsd else 'cosine'} to {s.min_lr_ratio:g}x; AdamW beta2={s.beta2:g}; N convention "
-        f"{s.n_convention}; FLOPs = 6N + 12LTd from ModelConfig")
+        f"tokens/step {plan.tokens_per_step:,} (T={plan.seq_len}); lr rule {study.lr_rule} "
+        f"(lr={study.lr:g}" + (f" x {study.base_width}/d" + (f", max {study.max_lr:g}" if study.max_lr is not None else "")
+           if study.lr_rule != "fixed" else "")
+        + f"); warmup ~{study.warmup_tokens_per_param:g} N tokens, <= {study.max_warmup_fraction:.0%} of "
+        f"steps" + (f"; tune stage first: lr x {study.tune_lr_factors} -> lr*(N) for every point"
+                    if study.tune_lr_factors else "") + (f"; {study.seeds} seeds per point" if study.seeds > 1
+                                                      else "") + f"; {'wsd' if study.wsd else 'cosine'} to {study.min_lr_ratio:g}x; AdamW beta2={study.beta2:g}; N convention "
+        f"{study.n_convention}; FLOPs = 6N + 12LTd from ModelConfig")
     n_branch = sum(1 for p in plan.points if p.branch_of)
     if n_branch:
         console.print(
             f"WSD: {len(plan.points) - n_branch} main runs (decay over the last "
-            f"{s.wsd_decay_fraction:.0%}) + {n_branch} cooldown branches at "
-            f"{[q for q in s.wsd_fractions if q < 1]} x D, each started from its main run's "
+            f"{study.wsd_decay_fraction:.0%}) + {n_branch} cooldown branches at "
+            f"{[q for q in study.wsd_fractions if q < 1]} x D, each started from its main run's "
             f"stable-phase checkpoint; total cost {plan.total_compute:.3g} FLOPs = "
             f"{plan.total_compute / plan.main_compute:.2f}x the main runs")
     if estimates:
@@ -157,38 +157,22 @@ def _jobs_threads(settings: Any) -> tuple[int, int]:
     return jobs_and_threads(_parallel_jobs(settings))
 
 
-def run(argv: list[str]) -> int:
-    from rich.console import Console
-
+def _parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="scalelab-sweep", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--plan-only", action="store_true", help="print the plan and exit")
     ap.add_argument("--cfg", action="store_true", help="print the composed sweep config and exit")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (sweep.* or training keys)")
-    args = ap.parse_args(argv)
-    # a wide table even when stdout is a file or a pipe (rich would wrap at 80 columns)
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    t_start = time.time()
+    return ap.parse_args(argv)
 
-    from scalelab.scaling.run import (
-        SweepRunner,
-        build_plan,
-        compose,
-        resolve_base,
-        save_plan,
-        split_settings,
-        sweep_dir_of,
-    )
 
-    sweep_ov, train_ov, variants, launch_ov = split_overrides(args.overrides)
-    try:
-        cfg = compose("sweep", sweep_ov)
-    except Exception as e:
-        raise ValueError(f"sweep overrides {sweep_ov}: {e}") from None
-    if args.cfg:
-        print(OmegaConf.to_yaml(cfg))
-        return 0
+def _sweep_settings(cfg: Any, train_ov: list[str], variants: dict[str, list[Any]],
+                    launch_ov: list[str]) -> tuple[Any, Any, Any]:
+    """(SweepSpec, FamilyConfig, RunSettings) of the composed sweep config plus the command's
+    training overrides, variant axes and launcher overrides."""
+    from scalelab.scaling.launch import split_settings
+
     spec, family, settings = split_settings(OmegaConf.to_container(cfg.sweep, resolve=True))
     settings.train_overrides += train_ov
     for o in launch_ov:  # hydra/launcher=joblib picks the launcher; hydra.* keys configure it
@@ -199,8 +183,28 @@ def run(argv: list[str]) -> int:
             settings.launcher_overrides.append(o)
     if variants:
         spec.variants = {**spec.variants, **variants}
-    plan_only = args.plan_only or settings.plan_only
+    return spec, family, settings
 
+
+def run(argv: list[str]) -> int:
+    from rich.console import Console
+
+    from scalelab.config.compose import compose
+    from scalelab.scaling.launch import build_plan, resolve_base, sweep_dir_of
+
+    args = _parse_args(argv)
+    # a wide table even when stdout is a file or a pipe (rich would wrap at 80 columns)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    t_start = time.time()
+    sweep_ov, train_ov, variants, launch_ov = split_overrides(args.overrides)
+    try:
+        cfg = compose("sweep", sweep_ov)
+    except Exception as e:
+        raise ValueError(f"sweep overrides {sweep_ov}: {e}") from None
+    if args.cfg:
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    spec, family, settings = _sweep_settings(cfg, train_ov, variants, launch_ov)
     console.print(f"[bold]scalelab-sweep[/bold] {settings.name}: preparing the base config "
                   f"({' '.join(settings.train_overrides) or 'defaults'})")
     base = resolve_base(settings.train_overrides)
@@ -208,12 +212,17 @@ def run(argv: list[str]) -> int:
     estimates = _estimates(plan, base, settings, console)
     print_plan(plan, estimates, console, _jobs_threads(settings)[0])
     sweep_dir = sweep_dir_of(settings, base)
-    if plan_only:
+    if args.plan_only or settings.plan_only:
         console.print(f"plan only: nothing ran. Run it with: scalelab-sweep "
                       f"{' '.join(argv_without_plan_only(args.overrides))}".rstrip())
         return 0
+    return _run_sweep(plan, spec, settings, base, sweep_dir, estimates, console, t_start)
 
-    from scalelab.scaling.run import HeldoutScorer
+
+def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
+               estimates: list[float] | None, console: Any, t_start: float) -> int:
+    """Open the parent run, train the pending points, then collect, fit and report."""
+    from scalelab.scaling.launch import HeldoutScorer
     from scalelab.tracking.sweep import SweepParent
 
     heldout = _heldout_set(settings, base)  # a set that does not fit fails before any run
@@ -224,46 +233,16 @@ def run(argv: list[str]) -> int:
     console.print(f"sweep folder: {sweep_dir}")
     parent.log_params(_parent_params(plan, settings))
     scorer = HeldoutScorer(parent, sweep_dir, heldout, console.print) if heldout else None
-
-    import os
-
-    from scalelab.runtime import CONCURRENT_ENV
-
-    # each training process sizes its threads as cores // runs sharing them (scalelab.runtime)
-    os.environ[CONCURRENT_ENV] = str(_jobs_threads(settings)[0])
-    tuned = None
     try:
-        if spec.tune_lr_factors:
-            from scalelab.scaling.stage import run_tune_stage
-
-            plan, tuned = run_tune_stage(plan, spec, settings, base, sweep_dir, parent, scorer,
-                                         console.print)
-            print_plan(plan, None, console)
-        plan_files = save_plan(plan, sweep_dir, estimates if tuned is None else None)
-        for path in plan_files.values():
-            parent.log_artifact(path, "plan")
-        runner = SweepRunner(plan, spec, settings, base, sweep_dir, parent, echo=console.print,
-                             on_finished=scorer)
-        outcome = runner.run()
-        if scorer is not None:
-            scorer.score_all(plan.points)
+        plan, outcome, tuned = _train_points(plan, spec, settings, base, sweep_dir, parent,
+                                             scorer, estimates, console)
     except KeyboardInterrupt:
         parent.end("KILLED")
         raise
-
-    from scalelab.scaling.collect import collect
-
-    collected = collect(parent, spec.n_convention, settings.flops_convention,
-                        point_ids={p.point_id for p in plan.points})
-    atomic_write_text(sweep_dir / "runs.csv", collected.runs.to_csv(index=False))
-    atomic_write_text(sweep_dir / "curves.csv", collected.curves.to_csv(index=False))
-    parent.log_artifact(sweep_dir / "runs.csv", "data")
-    parent.log_artifact(sweep_dir / "curves.csv", "data")
-
+    collected = _collect(parent, plan, spec, settings, sweep_dir)
     fit_lines: list[str] = []
     if settings.fit and not collected.runs.empty:
         fit_lines = _fit_and_report(collected, plan, settings, sweep_dir, parent, console, tuned)
-
     wall = time.time() - t_start
     parent.log_metrics({"sweep/points": len(plan.points), "sweep/finished": len(collected.runs),
                         "sweep/failed": len(outcome.failed), "sweep/wall_seconds": wall,
@@ -272,6 +251,47 @@ def run(argv: list[str]) -> int:
     parent.end("FINISHED" if not outcome.failed else "FAILED")
     _summary(console, plan, outcome, collected, fit_lines, parent, sweep_dir, wall)
     return 0 if not outcome.failed else 1
+
+
+def _train_points(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path, parent: Any,
+                  scorer: Any, estimates: list[float] | None, console: Any) -> tuple[Any, Any, Any]:
+    """(the plan as run, the launch Outcome, the tune stage's result or None)."""
+    import os
+
+    from scalelab.runtime import CONCURRENT_ENV
+    from scalelab.scaling.launch import SweepRunner, save_plan
+
+    # each training process sizes its threads as cores // runs sharing them (scalelab.runtime)
+    os.environ[CONCURRENT_ENV] = str(_jobs_threads(settings)[0])
+    tuned = None
+    if spec.tune_lr_factors:
+        from scalelab.scaling.stage import run_tune_stage
+
+        plan, tuned = run_tune_stage(plan, spec, settings, base, sweep_dir, parent, scorer,
+                                     console.print)
+        print_plan(plan, None, console)
+    plan_files = save_plan(plan, sweep_dir, estimates if tuned is None else None)
+    for path in plan_files.values():
+        parent.log_artifact(path, "plan")
+    runner = SweepRunner(plan, spec, settings, base, sweep_dir, parent, echo=console.print,
+                         on_finished=scorer)
+    outcome = runner.run()
+    if scorer is not None:
+        scorer.score_all(plan.points)
+    return plan, outcome, tuned
+
+
+def _collect(parent: Any, plan: Any, spec: Any, settings: Any, sweep_dir: Path) -> Any:
+    """The sweep's runs and curves from MLflow, as CSV in the folder and on the parent run."""
+    from scalelab.scaling.collect import collect
+
+    collected = collect(parent, spec.n_convention, settings.flops_convention,
+                        point_ids={p.point_id for p in plan.points})
+    atomic_write_text(sweep_dir / "runs.csv", collected.runs.to_csv(index=False))
+    atomic_write_text(sweep_dir / "curves.csv", collected.curves.to_csv(index=False))
+    parent.log_artifact(sweep_dir / "runs.csv", "data")
+    parent.log_artifact(sweep_dir / "curves.csv", "data")
+    return collected
 
 
 def _heldout_set(settings: Any, base: Any) -> Any:
@@ -291,8 +311,8 @@ def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, p
     import pandas as pd
 
     from scalelab.cli.fit import print_results
+    from scalelab.scaling.launch import fit_sweep
     from scalelab.scaling.report import write_report
-    from scalelab.scaling.run import fit_sweep
 
     console.print(f"fitting {len(collected.runs)} runs ({settings.bootstrap} bootstrap resamples)")
     results, notes = fit_sweep(collected.runs, collected.curves, plan.spec.n_convention,
@@ -349,15 +369,15 @@ def argv_without_plan_only(overrides: list[str]) -> list[str]:
 
 
 def _parent_params(plan: Any, settings: Any) -> dict[str, Any]:
-    s = plan.spec
+    study = plan.spec
     return {
-        "sweep_name": settings.name, "mode": s.mode, "budgets": s.budgets,
-        "sizes_per_budget": s.sizes_per_budget, "size_span": s.size_span,
-        "tokens_per_param_prior": s.tokens_per_param, "n_convention": s.n_convention,
-        "flops_convention": settings.flops_convention, "lr": s.lr, "lr_rule": s.lr_rule,
-        "base_width": s.base_width, "max_lr": s.max_lr, "min_lr_ratio": s.min_lr_ratio,
-        "beta2": s.beta2, "warmup_tokens_per_param": s.warmup_tokens_per_param,
-        "max_warmup_fraction": s.max_warmup_fraction, "variants": s.variants or "none",
+        "sweep_name": settings.name, "mode": study.mode, "budgets": study.budgets,
+        "sizes_per_budget": study.sizes_per_budget, "size_span": study.size_span,
+        "tokens_per_param_prior": study.tokens_per_param, "n_convention": study.n_convention,
+        "flops_convention": settings.flops_convention, "lr": study.lr, "lr_rule": study.lr_rule,
+        "base_width": study.base_width, "max_lr": study.max_lr, "min_lr_ratio": study.min_lr_ratio,
+        "beta2": study.beta2, "warmup_tokens_per_param": study.warmup_tokens_per_param,
+        "max_warmup_fraction": study.max_warmup_fraction, "variants": study.variants or "none",
         "family": plan.family.__dict__, "tokens_per_step": plan.tokens_per_step,
         "seq_len": plan.seq_len, "n_points": len(plan.points),
         "total_compute": plan.total_compute, "train_overrides": settings.train_overrides,

@@ -42,7 +42,7 @@ def _trainer_params() -> set[str]:
 
 def extra_trainer_keys(cfg: DictConfig) -> list[str]:
     """``trainer.*`` keys beyond the typed schema (added on the command line with ``+``)."""
-    from scalelab.cli.schema import TrainerSchema
+    from scalelab.config.schema import TrainerSchema
 
     known = set(TrainerSchema.__dataclass_fields__)
     return [str(k) for k in cfg.trainer if str(k) not in known]
@@ -50,8 +50,9 @@ def extra_trainer_keys(cfg: DictConfig) -> list[str]:
 
 def check(cfg: DictConfig) -> None:
     """Fail before any IO on a trainer key Lightning would not take or scalelab overrides."""
-    params = _trainer_params()
-    for key in extra_trainer_keys(cfg):
+    extra = extra_trainer_keys(cfg)
+    params = _trainer_params() if extra else set()  # imports Lightning: only when asked
+    for key in extra:
         if key in MANAGED:
             raise ValueError(f"trainer.{key} is set by scalelab; use {MANAGED[key]} instead")
         if key not in params:

@@ -1,17 +1,20 @@
 """Data: tokenizers (tiktoken engine), corpora, token shards and one DataModule per objective."""
 
+from scalelab.data.bundle import DataBundle, build_data_bundle
 from scalelab.data.config import DataConfig, TokenizerConfig
 from scalelab.data.shards import PreparedData, prepare
 from scalelab.data.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = [
     "CausalLMDataModule",
+    "DataBundle",
     "DataConfig",
     "MaskedLMDataModule",
     "PreparedData",
     "Seq2SeqDataModule",
     "Tokenizer",
     "TokenizerConfig",
+    "build_data_bundle",
     "load_tokenizer",
     "prepare",
 ]

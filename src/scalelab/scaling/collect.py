@@ -154,7 +154,7 @@ def _curves(parent: SweepParent, runs: pd.DataFrame, flops_convention: str) -> p
 def find_parent(sweep: Optional[str] = None, parent_run_id: Optional[str] = None,  # noqa: UP045
                 tracking_uri: Optional[str] = None) -> SweepParent:  # noqa: UP045
     """A sweep's parent run by sweep name (experiment ``sweep_<name>``) or by run id."""
-    from scalelab.tracking.root import repo_root
+    from scalelab.paths import repo_root
     from scalelab.tracking.store import resolve_tracking_uri
     from scalelab.tracking.sweep import find_sweep_parent
 

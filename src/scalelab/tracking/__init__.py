@@ -1,8 +1,8 @@
 """All MLflow code lives here (no other package imports mlflow).
 
-    from scalelab.tracking import Tracker, NullTracker, is_global_zero, repo_root
+    from scalelab.tracking import Tracker, NullTracker, is_global_zero
 
-``rank`` and ``root`` are cheap; ``Tracker`` (which imports mlflow, ~1-2 s) loads on first use.
+``rank`` is cheap; ``Tracker`` (which imports mlflow, ~1-2 s) loads on first use.
 """
 
 from __future__ import annotations
@@ -11,22 +11,23 @@ from typing import Any
 
 from scalelab.tracking.final import final_values
 from scalelab.tracking.rank import global_rank, is_global_zero
-from scalelab.tracking.root import conf_dir, repo_root
 
 __all__ = [
     "NullTracker",
     "Tracker",
-    "conf_dir",
     "final_values",
     "global_rank",
     "is_global_zero",
-    "repo_root",
     "run_params",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Tracker", "NullTracker"):
+    if name == "NullTracker":
+        from scalelab.tracking.null import NullTracker
+
+        return NullTracker
+    if name == "Tracker":
         from scalelab.tracking import run
 
         return getattr(run, name)

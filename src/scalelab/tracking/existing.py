@@ -8,7 +8,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from scalelab.tracking.root import repo_root
+from scalelab.paths import repo_root
 from scalelab.tracking.store import resolve_tracking_uri
 
 

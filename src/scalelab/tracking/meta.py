@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import scalelab
-from scalelab.tracking.root import source_checkout
+from scalelab.paths import source_checkout
 
 
 def _git(root: Path, *args: str) -> str | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from mlflow.entities import Run, ViewType
 from mlflow.tracking import MlflowClient
 
-from scalelab.tracking.root import repo_root
+from scalelab.paths import repo_root
 from scalelab.tracking.store import resolve_tracking_uri
 from scalelab.tracking.sweep import STALE_TAG, process_alive
 

@@ -20,6 +20,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from pytorch_lightning.loggers import MLFlowLogger
 
+from scalelab.tracking.null import NullTracker
 from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
     experiment_artifact_location,
@@ -37,31 +38,6 @@ EXPERIMENT_KIND = "custom_model_development"
 # Keep alembic's migration chatter and mlflow's info lines out of the training output.
 for _name in ("alembic", "mlflow", "mlflow.store", "mlflow.tracking"):
     logging.getLogger(_name).setLevel(logging.WARNING)
-
-
-class NullTracker:
-    """Stands in on ranks > 0 and with ``logger=none``: same methods, no side effects."""
-
-    run_id: str | None = None
-    run_name: str | None = None
-    experiment_id: str | None = None
-    tracking_uri: str | None = None
-    resumed = False
-
-    def log_params(self, params: Mapping[str, Any]) -> None: ...
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
-    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
-    def log_text(self, text: str, artifact_file: str) -> None: ...
-    def start_system_metrics(self, interval: float = 10.0) -> None: ...
-    def lightning_logger(self) -> Any:
-        return False  # Trainer(logger=False)
-
-    def end(self, status: str = "FINISHED") -> None: ...
-
-    @contextlib.contextmanager
-    def status_guard(self) -> Iterator[None]:
-        yield
 
 
 class _RunLogger(MLFlowLogger):

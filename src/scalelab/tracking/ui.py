@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from scalelab.tracking.root import repo_root
+from scalelab.paths import repo_root
 
 
 def _free_port(preferred: int) -> int:

@@ -7,21 +7,29 @@ Pure PyTorch Lightning: no Hydra, no MLflow here (the CLI and tracking layers si
                       bytes_per_token=prepared.bytes_per_token, tokenizer=prepared.tokenizer)
 """
 
-from scalelab.training.batch import BatchPlan, derive_batch, steps_from_budget
-from scalelab.training.callbacks import TextSampler, ThroughputMonitor
-from scalelab.training.config import OptimConfig
-from scalelab.training.modules import (
-    CausalLM,
-    LMModule,
-    MaskedLM,
-    Seq2Seq,
-    bits_per_byte,
-    load_checkpoint,
-    module_class,
-)
-from scalelab.training.optim import build_optimizer, param_groups
-from scalelab.training.perf import peak_flops
-from scalelab.training.schedules import build_lr_lambda
+from typing import Any
+
+# name -> submodule. Loaded on first use (PEP 562), so that `scalelab.training.config` or
+# `.batch` (what config validation needs) do not pull in Lightning through this package.
+_EXPORTS = {
+    "BatchPlan": "batch", "derive_batch": "batch", "steps_from_budget": "batch",
+    "TextSampler": "callbacks", "ThroughputMonitor": "callbacks",
+    "OptimConfig": "config",
+    "CausalLM": "modules", "LMModule": "modules", "MaskedLM": "modules", "Seq2Seq": "modules",
+    "bits_per_byte": "modules", "load_checkpoint": "modules", "module_class": "modules",
+    "build_optimizer": "optim", "param_groups": "optim",
+    "peak_flops": "perf",
+    "build_lr_lambda": "schedules",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"scalelab.training.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'scalelab.training' has no attribute {name!r}")
+
 
 __all__ = [
     "BatchPlan",

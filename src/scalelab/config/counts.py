@@ -1,7 +1,7 @@
 """Counts written in scientific notation: ``train.max_tokens=5e6`` means 5,000,000.
 
 Hydra parses ``5e6`` as a float, and an ``int`` schema field rejects it. The count fields are
-typed ``Any`` in cli/schema.py and go through ``as_count`` here instead, which accepts whole
+typed ``Any`` in config/schema.py and go through ``as_count`` here instead, which accepts whole
 numbers in any spelling (``5000000``, ``5_000_000``, ``5e6``, ``"5e6"``) and refuses the rest
 with the key's name.
 """

@@ -1,4 +1,4 @@
-"""Run a sweep: base config -> plan -> one ordinary `scalelab-train` run per point -> MLflow.
+"""The sweep launcher: base config -> plan -> one ordinary `scalelab-train` run per point -> MLflow.
 
 Every point is a plain training run through the same code path as `make train`: the sweep
 writes one Hydra config file per point (``<sweep>/conf/sweep_point/<point>.yaml``, package
@@ -100,20 +100,6 @@ def split_settings(sweep: dict[str, Any]) -> tuple[SweepSpec, FamilyConfig, RunS
 # --------------------------------------------------------------------------------------------
 # The base training config (what `scalelab-train <train_overrides>` would run)
 # --------------------------------------------------------------------------------------------
-def compose(config_name: str, overrides: list[str]) -> DictConfig:
-    """Compose a config of the repo's conf/ with Hydra's compose API (no run folder, no chdir)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from scalelab.cli import schema  # noqa: F401  (registers train_schema and resolvers)
-    from scalelab.tracking import conf_dir
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=list(overrides))
-
-
 @dataclass
 class BaseRun:
     cfg: DictConfig
@@ -131,7 +117,8 @@ class BaseRun:
 
 def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
     """Validate the shared training config like `scalelab-train` does, and prepare its data."""
-    from scalelab.cli.spec import build_spec
+    from scalelab.config.compose import compose
+    from scalelab.config.spec import build_spec
     from scalelab.tracking.store import resolve_tracking_uri
 
     try:
@@ -411,6 +398,14 @@ class SweepRunner:
                             self.sweep_dir / "multirun" / stamp)
         out.commands.append(" ".join(cmd))
         started = time.time()
+        rc = self._run_process(cmd, log_path, points, started, out)
+        latest = self._report_progress(points, started, out)
+        return self._triage(points, latest, started, rc, log_path,
+                            self.sweep_dir / "multirun" / stamp if multirun else None, out)
+
+    def _run_process(self, cmd: list[str], log_path: Path, points: list[PlanPoint],
+                     started: float, out: Outcome) -> int:
+        """Run ``cmd`` with its output appended to ``log_path``, reporting progress; its exit code."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(log_path, "ab") as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -427,11 +422,14 @@ class SweepRunner:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                 raise
-        rc = proc.returncode
-        latest = self._report_progress(points, started, out)
+        return int(proc.returncode)
+
+    def _triage(self, points: list[PlanPoint], latest: dict[str, Any], started: float, rc: int,
+                log_path: Path, multirun_dir: Path | None, out: Outcome) -> list[PlanPoint]:
+        """Record why each point of a launch that is not done failed; return the points to retry.
+        ``multirun_dir`` (None for a single-point launch) holds one folder per started job."""
         # Hydra's launchers catch a job's exception and go on with the next job; a job that
         # started has its folder <hydra.sweep.dir>/<job number> (the order of `points`).
-        multirun_dir = self.sweep_dir / "multirun" / stamp
         remaining, unrecorded = [], []
         progressed = False  # some point of this launch ended in MLflow (a stop, not a crash)
         for i, p in enumerate(points):
@@ -444,7 +442,7 @@ class SweepRunner:
                 what = c.status if c.status != "FINISHED" else f"final val loss {c.final_loss}"
                 out.failed.setdefault(p.name, f"run {c.run_id} {what}; see {log_path}: "
                                       + _error_line(log_path, p.name))
-            elif not multirun or (multirun_dir / str(i)).is_dir():
+            elif multirun_dir is None or (multirun_dir / str(i)).is_dir():
                 unrecorded.append(p)  # it ran, but failed before creating its MLflow run
             else:
                 remaining.append(p)  # never started: the process died first

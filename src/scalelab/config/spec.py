@@ -9,12 +9,20 @@ read and no MLflow run exists yet when this raises.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from scalelab.cli.counts import as_count
+from scalelab.config.counts import as_count
+from scalelab.config.schema import (
+    CallbacksSchema,
+    LoggerSchema,
+    PathsSchema,
+    TrainerSchema,
+    TrainSection,
+)
 from scalelab.data.config import DataConfig, TokenizerConfig
 from scalelab.model import ModelConfig
 from scalelab.training.batch import BatchPlan, derive_batch, steps_from_budget
@@ -28,7 +36,8 @@ VOCAB_PLACEHOLDER = 256  # validates a model whose vocab_size comes from the tok
 
 @dataclass
 class RunSpec:
-    """What one training run is, fully validated (model vocab may still be a placeholder)."""
+    """What one training run is, fully validated and typed (model vocab may still be a
+    placeholder): the components, the derived run shape, and the schema sections as dataclasses."""
 
     model_fields: dict[str, Any]  # ModelConfig fields as configured (vocab_size may be None)
     model: ModelConfig  # validated; vocab_size is a placeholder when model_fields says None
@@ -41,6 +50,16 @@ class RunSpec:
     batch: BatchPlan
     max_steps: int
     val_every: int
+    train: TrainSection
+    trainer: TrainerSchema
+    logger: LoggerSchema
+    callbacks: CallbacksSchema
+    paths: PathsSchema
+    seed: int
+    run_name: str
+    resume: bool
+    ckpt_path: str | None
+    tags: dict[str, Any]
     init_from: str | None = None  # model.init_from: hf:PATH weights to start from
 
     def with_vocab(self, vocab_size: int) -> ModelConfig:
@@ -54,38 +73,40 @@ class RunSpec:
         fields = dict(self.model_fields, vocab_size=configured or vocab_size)
         return ModelConfig(**fields)
 
+    @property
+    def fast_dev_run(self) -> bool:
+        return bool(self.trainer.fast_dev_run)
+
+    @property
+    def saves_checkpoints(self) -> bool:
+        """Lightning checkpoints are written (fast_dev_run writes none)."""
+        return bool(self.callbacks.checkpoint.enabled) and not self.fast_dev_run
+
 
 def _container(node: Any) -> dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True) if node is not None else {}  # type: ignore[return-value]
 
 
-def world_size_of(trainer_cfg: DictConfig) -> int:
+def _typed(cls: type, values: dict[str, Any]) -> Any:
+    """``cls`` (a schema dataclass) from a plain dict, nested sections too; keys the schema does
+    not know (``+trainer.X`` Lightning arguments, ``+callbacks.X`` user callbacks) are left to
+    cli/trainer_args.py."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            value, kind = values[f.name], hints[f.name]
+            nested = dataclasses.is_dataclass(kind) and isinstance(value, dict)
+            kwargs[f.name] = _typed(kind, value) if nested else value  # type: ignore[arg-type]
+    return cls(**kwargs)
+
+
+def world_size_of(trainer: TrainerSchema) -> int:
     """Processes in the run: devices per node x nodes (devices=auto counts what is visible;
     under torchrun, its WORLD_SIZE)."""
-    devices = trainer_cfg.devices
-    if OmegaConf.is_list(devices):
-        devices = list(devices)
-    accel, n_nodes = str(trainer_cfg.accelerator), int(trainer_cfg.num_nodes)
-    try:  # the scale-out layer knows torchrun/SLURM layouts
-        from scalelab.training.distributed import resolve_devices
-    except ImportError:
-        resolve_devices = None
-    if resolve_devices is not None:
-        return int(resolve_devices(accel, devices, n_nodes)[2])
-    if isinstance(devices, list):
-        per_node = len(devices)
-    elif str(devices) in ("auto", "-1"):
-        import torch
+    from scalelab.training.distributed import resolve_devices  # imports Lightning: only here
 
-        gpu = accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
-        per_node = max(torch.cuda.device_count(), 1) if gpu else 1
-    elif "," in str(devices):
-        per_node = len([d for d in str(devices).split(",") if d.strip()])
-    else:
-        per_node = int(devices)
-    if per_node < 1:
-        raise ValueError(f"trainer.devices={devices!r}: need at least one device")
-    return per_node * n_nodes
+    return int(resolve_devices(str(trainer.accelerator), trainer.devices, trainer.num_nodes)[2])
 
 
 def _reject_unknown_keys(group: str, cls: type, fields: dict[str, Any]) -> dict[str, Any]:
@@ -98,8 +119,8 @@ def _reject_unknown_keys(group: str, cls: type, fields: dict[str, Any]) -> dict[
     return fields
 
 
-def build_spec(cfg: DictConfig) -> RunSpec:
-    """Validate every component of ``cfg``; raises ValueError naming the key and the fix."""
+def _model(cfg: DictConfig) -> tuple[dict[str, Any], ModelConfig, str | None]:
+    """(fields as configured, a validated ModelConfig, model.init_from)."""
     model_fields = _container(cfg.model)
     init_from = model_fields.pop("init_from", None)
     if init_from:
@@ -108,13 +129,15 @@ def build_spec(cfg: DictConfig) -> RunSpec:
     if probe_fields.get("vocab_size") is None:
         probe_fields["vocab_size"] = VOCAB_PLACEHOLDER
     _reject_unknown_keys("model", ModelConfig, probe_fields)
-    model = ModelConfig(**probe_fields)
-    data = DataConfig(**_reject_unknown_keys("data", DataConfig, _container(cfg.data)))
-    tokenizer = TokenizerConfig(**_reject_unknown_keys("tokenizer", TokenizerConfig,
-                                                       _container(cfg.tokenizer)))
-    optim = OptimConfig(**_reject_unknown_keys("optim", OptimConfig, _container(cfg.optim)))
+    return model_fields, ModelConfig(**probe_fields), init_from
 
-    objective = cfg.objective or OBJECTIVE_FOR_ARCH[model.arch]
+
+def _component(group: str, cls: type, node: Any) -> Any:
+    return cls(**_reject_unknown_keys(group, cls, _container(node)))
+
+
+def _objective(configured: str | None, model: ModelConfig, data: DataConfig) -> str:
+    objective = configured or OBJECTIVE_FOR_ARCH[model.arch]
     if objective not in OBJECTIVE_FOR_ARCH.values():
         raise ValueError(f"objective={objective!r}: choose causal, mlm or seq2seq (or null)")
     if OBJECTIVE_FOR_ARCH[model.arch] != objective:
@@ -126,9 +149,11 @@ def build_spec(cfg: DictConfig) -> RunSpec:
         need = "a seq2seq source (data=synthetic_seq2seq or data=parallel_text)" \
             if objective == "seq2seq" else "a text corpus, not a seq2seq source"
         raise ValueError(f"data.name={data.name}: objective={objective} needs {need}")
+    return objective
 
-    t = cfg.train
-    block = int(t.block_size)
+
+def _block_size(train: TrainSection, objective: str, model: ModelConfig) -> int:
+    block = int(train.block_size)
     if block < 1:
         raise ValueError(f"train.block_size={block}: must be >= 1")
     if objective != "seq2seq" and block > model.max_seq_len:
@@ -136,33 +161,62 @@ def build_spec(cfg: DictConfig) -> RunSpec:
             f"train.block_size={block} exceeds model.max_seq_len={model.max_seq_len}; lower "
             "train.block_size or raise model.max_seq_len"
         )
-    world = world_size_of(cfg.trainer)
-    batch = derive_batch(int(t.global_batch_size), t.micro_batch_size, world, block,
-                         unit=str(t.batch_unit))
-    if cfg.trainer.max_steps is not None:
-        steps = as_count("trainer.max_steps", cfg.trainer.max_steps)
-    elif t.max_steps is not None:
-        steps = as_count("train.max_steps", t.max_steps)  # 2e3 is a count too
-    elif t.max_tokens is not None:
-        steps = steps_from_budget(as_count("train.max_tokens", t.max_tokens), batch.tokens_per_step)
+    return block
+
+
+def _check_run_keys(train: TrainSection, logger: LoggerSchema) -> None:
+    """Keys that need no derived value: checked before the device count (which loads Lightning)."""
+    if int(train.val_every) < 1:
+        raise ValueError(f"train.val_every={train.val_every}: must be >= 1 (optimizer steps)")
+    if int(train.val_batches) < 1:
+        raise ValueError(f"train.val_batches={train.val_batches}: must be >= 1")
+    if logger.backend not in LOGGER_BACKENDS:
+        raise ValueError(f"logger.backend={logger.backend!r}: choose mlflow or none (logger=none)")
+
+
+def _max_steps(trainer: TrainerSchema, train: TrainSection, tokens_per_step: int) -> int:
+    if trainer.max_steps is not None:
+        steps = as_count("trainer.max_steps", trainer.max_steps)
+    elif train.max_steps is not None:
+        steps = as_count("train.max_steps", train.max_steps)  # 2e3 is a count too
+    elif train.max_tokens is not None:
+        steps = steps_from_budget(as_count("train.max_tokens", train.max_tokens), tokens_per_step)
     else:
         raise ValueError(
             "the run has no length: set train.max_steps=N or train.max_tokens=N "
             "(or trainer.max_steps=N)"
         )
-    if steps < 1:
+    if steps is None or steps < 1:
         raise ValueError(f"max_steps={steps}: the run needs at least one optimizer step")
+    return steps
+
+
+def build_spec(cfg: DictConfig) -> RunSpec:
+    """Validate every component of ``cfg``; raises ValueError naming the key and the fix."""
+    model_fields, model, init_from = _model(cfg)
+    data = _component("data", DataConfig, cfg.data)
+    tokenizer = _component("tokenizer", TokenizerConfig, cfg.tokenizer)
+    optim = _component("optim", OptimConfig, cfg.optim)
+    objective = _objective(cfg.objective, model, data)
+    top = _container(cfg)
+    train = _typed(TrainSection, top["train"])
+    trainer = _typed(TrainerSchema, top["trainer"])
+    logger = _typed(LoggerSchema, top["logger"])
+    block = _block_size(train, objective, model)
+    _check_run_keys(train, logger)
+    world = world_size_of(trainer)
+    batch = derive_batch(int(train.global_batch_size), train.micro_batch_size, world, block,
+                         unit=str(train.batch_unit))
+    steps = _max_steps(trainer, train, batch.tokens_per_step)
     build_lr_lambda(optim, steps)  # warmup longer than the run etc.
-    if int(t.val_every) < 1:
-        raise ValueError(f"train.val_every={t.val_every}: must be >= 1 (optimizer steps)")
-    if int(t.val_batches) < 1:
-        raise ValueError(f"train.val_batches={t.val_batches}: must be >= 1")
-    if cfg.logger.backend not in LOGGER_BACKENDS:
-        raise ValueError(f"logger.backend={cfg.logger.backend!r}: choose mlflow or none (logger=none)")
     return RunSpec(
         model_fields=model_fields, model=model, data=data, tokenizer=tokenizer, optim=optim,
         objective=objective, block_size=block, world_size=world, batch=batch, max_steps=steps,
-        val_every=min(int(t.val_every), steps), init_from=init_from,
+        val_every=min(int(train.val_every), steps), init_from=init_from, train=train,
+        trainer=trainer, logger=logger, callbacks=_typed(CallbacksSchema, top["callbacks"]),
+        paths=_typed(PathsSchema, top["paths"]), seed=int(top["seed"]),
+        run_name=str(top["run_name"]), resume=bool(top["resume"]), ckpt_path=top["ckpt_path"],
+        tags=dict(top["tags"] or {}),
     )
 
 

@@ -10,10 +10,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from scalelab.cli import schema  # registers resolvers + train_schema
-from scalelab.cli.spec import build_spec
-from scalelab.cli.train import normalize_overrides
-from scalelab.tracking import conf_dir, repo_root
+from scalelab.config import schema
+from scalelab.config.compose import normalize_overrides
+from scalelab.config.spec import build_spec
+from scalelab.paths import conf_dir, repo_root
 
 CONF = conf_dir()
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -24,6 +24,7 @@ def names(group: str) -> list[str]:
 
 
 def make(overrides: list[str] | None = None, return_hydra_config: bool = False):
+    schema.register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("train", overrides=normalize_overrides(overrides or []),
@@ -171,6 +172,9 @@ def test_token_budget_sets_steps_and_trainer_max_steps_wins() -> None:
 
 def test_schema_is_registered() -> None:
     from hydra.core.config_store import ConfigStore
+
+    schema.register()
+    schema.register()  # idempotent
 
     assert "train_schema.yaml" in ConfigStore.instance().list("/")
     # model.* is ModelConfig plus init_from (hf:PATH), so every ModelConfig key is typed

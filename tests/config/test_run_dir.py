@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from scalelab.cli.schema import _RUN_DIRS, latest_run_dir, resolve_run_dir
-from scalelab.cli.train import normalize_overrides
+from scalelab.config.compose import normalize_overrides
+from scalelab.config.run_dir import _RUN_DIRS, latest_run_dir, resolve_run_dir
 
 
 @pytest.fixture(autouse=True)

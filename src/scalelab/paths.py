@@ -1,4 +1,5 @@
-"""Where scalelab reads its configs and writes its results.
+"""Where scalelab reads its configs and writes its results (the ground floor: imports nothing
+of scalelab, so every layer may use it).
 
 - configs: the package's own ``scalelab/conf`` (shipped in the wheel; Hydra finds it as
   ``pkg://scalelab.conf``). A user's own config folder adds or overrides groups through
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_PACKAGE = Path(__file__).resolve().parents[1]  # .../scalelab
+_PACKAGE = Path(__file__).resolve().parent  # .../scalelab
 
 
 def source_checkout() -> Path | None:

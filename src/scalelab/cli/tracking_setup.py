@@ -1,0 +1,109 @@
+"""The run's MLflow side before training: probe the server, start or reopen the run, log its
+params and config (all MLflow code itself is in scalelab.tracking)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from scalelab.config.spec import RunSpec
+from scalelab.data.bundle import DataBundle
+from scalelab.model import ModelConfig
+
+
+def probe_tracking(spec: RunSpec, rank0: bool) -> str | None:
+    """The tracking URI (None without MLflow or off rank 0); a dead server fails here, before
+    any data is prepared."""
+    if spec.logger.backend != "mlflow" or not rank0:
+        return None
+    from scalelab.tracking.run import remote_env_defaults
+    from scalelab.tracking.store import probe, resolve_tracking_uri
+
+    uri = resolve_tracking_uri(spec.logger.tracking_uri, Path(spec.paths.root))
+    remote_env_defaults()
+    probe(uri, timeout=float(spec.logger.probe_timeout))
+    return uri
+
+
+def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None, rank0: bool) -> Any:
+    """A Tracker on a new or reopened MLflow run; a NullTracker off rank 0 or without MLflow."""
+    from scalelab.tracking.null import NullTracker
+
+    if not rank0 or spec.logger.backend != "mlflow" or spec.fast_dev_run:
+        return NullTracker()
+    from scalelab.cli import naming
+    from scalelab.tracking.meta import run_tags
+    from scalelab.tracking.run import Tracker
+
+    assert uri is not None
+    tags = run_tags(Path(spec.paths.root))
+    tags.update({
+        "scalelab.objective": spec.objective,
+        "scalelab.output_dir": str(spec.paths.output_dir),
+        "scalelab.data": spec.data.name,
+        "scalelab.tokenizer": spec.tokenizer.name,
+    })
+    tags.update({str(k): str(v) for k, v in spec.tags.items()})
+    run_name, name_tags = naming.resolve(spec)  # experiment + overrides; <name>-<job> in a multirun
+    tags.update(name_tags)
+    multirun_parent = None if resume_run_id else naming.multirun_parent(spec, uri)
+    logger = spec.logger
+    tracker = Tracker.start(
+        tracking_uri=uri, experiment_name=str(logger.experiment_name), run_name=run_name,
+        tags=tags, artifact_root=logger.artifact_root,
+        parent_run_id=logger.parent_run_id or multirun_parent, resume_run_id=resume_run_id,
+        probe_timeout=float(logger.probe_timeout), folder=Path(str(spec.paths.output_dir)),
+        outage_wait_s=float(logger.outage_wait_s),
+    )
+    tracker.multirun_parent_id = multirun_parent
+    return tracker
+
+
+def run_params(cfg: DictConfig, spec: RunSpec, model_cfg: ModelConfig,
+               data: DataBundle) -> dict[str, Any]:
+    """The MLflow params of a run (scalelab.tracking.params owns the names)."""
+    from scalelab.tracking.params import run_params as tracked_params
+
+    optim, batch = spec.optim, spec.batch
+    return tracked_params(
+        model_cfg, objective=spec.objective, seq_len=spec.block_size, max_steps=spec.max_steps,
+        tokens_per_step=batch.tokens_per_step, global_batch_sequences=batch.global_batch_sequences,
+        micro_batch=batch.micro_batch, grad_accum=batch.grad_accum, world_size=spec.world_size,
+        strategy=str(spec.trainer.strategy), precision=str(spec.trainer.precision), lr=optim.lr,
+        tokenizer=spec.tokenizer.name if spec.objective != "seq2seq" else "seq2seq_char",
+        dataset=spec.data.name, seed=spec.seed,
+        extra={
+            "max_seq_len": model_cfg.max_seq_len,
+            "weight_decay": optim.weight_decay, "beta1": optim.beta1, "beta2": optim.beta2,
+            "schedule": optim.schedule, "warmup": optim.resolve_warmup(spec.max_steps),
+            "min_lr_ratio": optim.min_lr_ratio, "grad_clip": optim.grad_clip,
+            "batch_unit": str(spec.train.batch_unit), "run_name": spec.run_name,
+            "compile": bool(spec.train.compile),
+            "data_task": spec.data.task if spec.objective == "seq2seq" else None,
+            "config_hash": config_hash(cfg),
+        },
+    )
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """Hash of the resolved config minus where/how it runs: equal hash = same experiment."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    for key in ("paths", "logger", "resume", "ckpt_path", "tags"):
+        resolved.pop(key, None)
+    resolved.get("trainer", {}).pop("enable_progress_bar", None)
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def log_config(tracker: Any, cfg: DictConfig) -> None:
+    """The composed config and the command's overrides, as run artifacts."""
+    tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/config.yaml")
+    overrides: list[str] = []
+    if HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
+    tracker.log_text("\n".join(overrides) + "\n", "config/overrides.txt")
