@@ -90,7 +90,7 @@ def test_gpu_mode_builds_its_presets_on_cpu(capsys: pytest.CaptureFixture) -> No
     import torch
     from benchmarks.bench_train import GPU_PRESETS, MODES, compose, main
 
-    from scalelab.cli.spec import build_spec
+    from scalelab.config.spec import build_spec
 
     assert set(MODES["gpu"][0]) == set(GPU_PRESETS)
     for name, overrides in GPU_PRESETS.items():
