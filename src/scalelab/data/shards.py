@@ -12,7 +12,6 @@ dtype, so changing any of them prepares a new directory and rerunning is free.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -22,7 +21,6 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from scalelab.data.config import DataConfig, TokenizerConfig
+from scalelab.data.files import atomic_write_bytes, locked
 from scalelab.data.sources import Corpus, load_corpus
 from scalelab.data.tokenizers import (
     Tokenizer,
@@ -50,44 +49,6 @@ CHUNK_CHARS = 256 * 1024  # long documents are cut into pieces this size for par
 # A newline after a non-space and before a letter is a piece boundary of every tiktoken split
 # pattern we use (and trivially of char/byte), so cutting there leaves the ids unchanged.
 _SAFE_CUT = re.compile(r"(?<=\S\n)(?=[A-Za-z])")
-
-
-# --- atomic files ------------------------------------------------------------------------
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same directory, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-@contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """One preparer per directory (DDP ranks, parallel sweeps); the others wait, then reuse."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 # --- the prepared dataset ----------------------------------------------------------------
@@ -322,7 +283,7 @@ def prepare(
         cache
         / f"{data_cfg.name}-{tok_cfg.name}{tok_cfg.vocab_size if tok_cfg.name == 'bpe' else ''}-{key}"
     )
-    with _locked(cache / f".{d.name}.lock"):
+    with locked(cache / f".{d.name}.lock"):
         if not force and _is_complete(d):
             say(f"reusing cached shards {d} (nothing to do)")
             return PreparedData.load(d)

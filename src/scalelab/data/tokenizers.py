@@ -29,6 +29,7 @@ from typing import Any
 import tiktoken
 
 from scalelab.data.config import DOWNLOADED_ENCODINGS, OFFLINE_TOKENIZERS, TokenizerConfig
+from scalelab.data.files import atomic_write_bytes
 
 EOT, PAD, MASK, BOS = "<|endoftext|>", "<|pad|>", "<|mask|>", "<|bos|>"
 SPECIALS = (EOT, PAD, MASK, BOS)
@@ -227,8 +228,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int, pattern: str | None = None)
 
 def save_bpe_ranks(tok: Tokenizer, path: Path) -> None:
     """Write ``base64(token) rank`` lines (tiktoken's .tiktoken format) + the pattern, atomically."""
-    from scalelab.data.shards import atomic_write_bytes
-
     ranks = tok.enc._mergeable_ranks
     lines = [
         f"{base64.b64encode(b).decode()} {r}" for b, r in sorted(ranks.items(), key=lambda x: x[1])

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scalelab.files import atomic_save_with, atomic_write_text
+from scalelab.data.files import atomic_save_with, atomic_write_text
 
 from .fit import Estimate, ScalingResults, VariantFit
 from .fit_synthetic import CHINCHILLA, EPOCH_2024

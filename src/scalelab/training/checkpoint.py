@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from lightning_fabric.plugins import TorchCheckpointIO
 
-from scalelab.files import atomic_write_json, fsync_dir, temp_path_for
+from scalelab.data.files import atomic_write_json, fsync_dir, temp_path_for
 
 SIDECAR_SUFFIX = ".sha256"
 # ModelConfig keys that change how weights are initialised or regularised, not their shapes:
