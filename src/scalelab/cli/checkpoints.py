@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from scalelab.data.tokenizers import tokenizer_from_spec  # noqa: F401  (sample/export/viz import it from here)
+
 
 def find_checkpoint(path: str | Path) -> Path:
     """A .ckpt file, or a run folder (-> checkpoints/last.ckpt)."""
@@ -69,26 +71,3 @@ def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
     sd = ckpt["state_dict"]
     out = {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
     return out or dict(sd)
-
-
-def tokenizer_from_spec(spec: dict[str, Any]) -> Any:
-    """Rebuild the tokenizer a run used, from the plain spec saved in its checkpoint."""
-    from scalelab.data.config import TokenizerConfig
-    from scalelab.data.tokenizers import char_tokenizer, load_tokenizer
-
-    kind, name = spec.get("kind"), spec.get("name")
-    if kind == "seq2seq_char":
-        from scalelab.data.datamodules import CharVocab
-
-        return CharVocab(spec["chars"])
-    if name == "char" and "chars" in spec:
-        return char_tokenizer(spec["chars"])
-    if name == "bpe":
-        d = spec.get("dir")
-        if not d or not Path(d).is_dir():
-            raise FileNotFoundError(
-                f"the bpe tokenizer lives in the prepared data folder {d!r}, which is gone; "
-                "prepare the same data again (scalelab-data) to recreate it"
-            )
-        return load_tokenizer(d)
-    return load_tokenizer(TokenizerConfig(name=str(name)))

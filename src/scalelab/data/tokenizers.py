@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import socket
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ EOT, PAD, MASK, BOS = "<|endoftext|>", "<|pad|>", "<|mask|>", "<|bos|>"
 SPECIALS = (EOT, PAD, MASK, BOS)
 CHAR_PATTERN = r"(?s:.)"  # one match per Unicode character
 BYTE_PATTERN = r"(?s:.{1,256})"  # any chunking works: there are no merges
+BPE_FILE = "bpe.tiktoken"  # a trained bpe's ranks (+ .pattern) inside its prepared folder
 
 _BLOB = "https://openaipublic.blob.core.windows.net"
 _URLS = {
@@ -245,6 +248,73 @@ def load_bpe_ranks(path: Path) -> Tokenizer:
     return Tokenizer("bpe", base)
 
 
+# --- name -> tokenizer: the only place that decides ---------------------------------------
+
+
+def tokenizer_for_corpus(
+    cfg: TokenizerConfig, docs: list[str], train_docs: list[str], folder: Path,
+    say: Callable[[str], None],
+) -> Tokenizer:
+    """The tokenizer ``prepare`` encodes with: char from the corpus's characters, bpe trained on
+    ``train_docs`` (or reused from ``folder``), the others by name."""
+    if cfg.name == "char":
+        return char_tokenizer("".join(sorted(set().union(*map(set, docs)))))
+    if cfg.name != "bpe":
+        return load_tokenizer(cfg)
+    ranks = folder / BPE_FILE
+    if ranks.exists() and ranks.with_suffix(".pattern").exists():
+        say(f"reusing trained bpe tokenizer {ranks}")
+        return load_bpe_ranks(ranks)
+
+    def capped() -> Iterator[str]:
+        left = int(cfg.bpe_max_train_bytes)
+        for doc in train_docs:
+            if left <= 0:
+                return
+            piece = doc[:left]  # chars ~ bytes; close enough for a speed cap
+            left -= len(piece)
+            yield piece
+
+    t0 = time.perf_counter()
+    tok = train_bpe(capped(), int(cfg.vocab_size or 0), cfg.bpe_pattern)
+    save_bpe_ranks(tok, ranks)
+    say(f"trained bpe tokenizer (vocab {tok.vocab_size}) in {time.perf_counter() - t0:.1f}s -> {ranks}")
+    return tok
+
+
+def persisted_spec(tok: Tokenizer) -> dict[str, Any]:
+    """What meta.json stores so ``tokenizer_from_spec`` rebuilds ``tok``: its spec, plus the
+    char list (char) or the ranks file name inside the prepared folder (bpe)."""
+    spec = tok.spec()
+    if tok.name == "char":
+        spec["chars"] = tok.chars
+    if tok.name == "bpe":
+        spec["ranks_file"] = BPE_FILE
+    return spec
+
+
+def tokenizer_from_spec(spec: dict[str, Any], folder: str | os.PathLike[str] | None = None) -> Any:
+    """Rebuild a tokenizer from a persisted spec: a prepared folder's ``meta.json["tokenizer"]``
+    (``folder`` = that folder) or a run's spec (a checkpoint's; the folder is ``spec["dir"]``).
+    A seq2seq run's spec (kind ``seq2seq_char``) gives its ``CharVocab``."""
+    name = spec.get("name")
+    if spec.get("kind") == "seq2seq_char":
+        from scalelab.data.datamodules import CharVocab
+
+        return CharVocab(spec["chars"])
+    if name == "char" and "chars" in spec:
+        return char_tokenizer(spec["chars"])
+    if name == "bpe":
+        d = folder if folder is not None else spec.get("dir")
+        if not d or not Path(d).is_dir():
+            raise FileNotFoundError(
+                f"the bpe tokenizer lives in the prepared data folder {d!r}, which is gone; "
+                "prepare the same data again (scalelab-data) to recreate it"
+            )
+        return load_bpe_ranks(Path(d) / spec.get("ranks_file", BPE_FILE))
+    return load_tokenizer(TokenizerConfig(name=str(name)))
+
+
 def load_tokenizer(source: TokenizerConfig | str | os.PathLike[str] | dict[str, Any]) -> Tokenizer:
     """Tokenizer from a config (byte / named encodings) or from a prepared shard directory.
 
@@ -262,17 +332,9 @@ def load_tokenizer(source: TokenizerConfig | str | os.PathLike[str] | dict[str, 
                 f"shard directory instead (load_tokenizer(prepared.dir))"
             )
         return named_tokenizer(source.name, source.download_timeout)
-    import json
-
     d = Path(source)
     meta_path = d if d.name == "meta.json" else d / "meta.json"
     if not meta_path.exists():
         raise FileNotFoundError(f"{meta_path} does not exist: run prepare (scalelab-data) first")
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    tspec = meta["tokenizer"]
-    name = tspec["name"]
-    if name == "char":
-        return char_tokenizer(tspec["chars"])
-    if name == "bpe":
-        return load_bpe_ranks(meta_path.parent / tspec["ranks_file"])
-    return load_tokenizer(TokenizerConfig(name=name))
+    return tokenizer_from_spec(meta["tokenizer"], meta_path.parent)
