@@ -14,6 +14,7 @@ import scalelab.cli.schema  # noqa: F401  (registers train_schema + resolvers)
 from scalelab.model.blocks import Block, CrossBlock
 from scalelab.tracking import conf_dir
 from scalelab.training import distributed as D
+from scalelab.training.checkpoint import consolidate_checkpoint
 
 
 def _compose(*overrides: str):
@@ -122,7 +123,7 @@ def test_consolidate_rejects_a_plain_file(tmp_path: Path):
     f = tmp_path / "x.ckpt"
     f.write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="not a sharded checkpoint"):
-        D.consolidate_checkpoint(f)
+        consolidate_checkpoint(f)
 
 
 def test_resolve_devices(monkeypatch: pytest.MonkeyPatch):

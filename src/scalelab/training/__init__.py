@@ -16,7 +16,6 @@ from scalelab.training.modules import (
     MaskedLM,
     Seq2Seq,
     bits_per_byte,
-    load_checkpoint,
     module_class,
 )
 from scalelab.training.optim import build_optimizer, param_groups
@@ -36,7 +35,6 @@ __all__ = [
     "build_lr_lambda",
     "build_optimizer",
     "derive_batch",
-    "load_checkpoint",
     "module_class",
     "param_groups",
     "peak_flops",

@@ -25,13 +25,13 @@ from pytorch_lightning.plugins.precision import MixedPrecision
 from torch import nn
 
 from scalelab.model import ModelConfig, Transformer
+from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
 from scalelab.training.optim import GroupSummary, build_optimizer
 from scalelab.training.schedules import build_lr_lambda
 
 IGNORE_INDEX = -100
 LN2 = math.log(2.0)
-CKPT_KEY = "scalelab"  # our entry in the Lightning checkpoint dict
 
 
 def bits_per_byte(loss_nats_per_token: float, bytes_per_token: float) -> float:
@@ -414,17 +414,10 @@ class LMModule(pl.LightningModule):
 
     # --- checkpoints ----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[CKPT_KEY] = {
-            "objective": self.objective,
-            "tokens_seen": int(self.tokens_seen),
-            "flops_seen": float(self.flops_seen),
-            "model_cfg": self.model_cfg.to_dict(),
-        }
+        checkpoint[STATE_KEY] = module_state(self.objective, self.tokens_seen, self.flops_seen)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get(CKPT_KEY, {})
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.flops_seen = float(state.get("flops_seen", 0.0))
+        self.tokens_seen, self.flops_seen = read_module_state(checkpoint)
 
 
 class CausalLM(LMModule):
@@ -536,24 +529,3 @@ def module_class(objective_or_arch: str) -> type[LMModule]:
         )
     return OBJECTIVES[key]
 
-
-def load_checkpoint(
-    path: Any, map_location: Any = "cpu", tokenizer: Any = None, **overrides: Any
-) -> LMModule:
-    """Rebuild the module of a Lightning checkpoint, read with ``torch.load(weights_only=True)``.
-
-    The class comes from the checkpoint's objective; ``overrides`` replace saved hyperparameters.
-    """
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    hp = dict(ckpt.get("hyper_parameters", {}))
-    if "model_cfg" not in hp:
-        raise ValueError(f"{path}: not a scalelab checkpoint (no hyper_parameters.model_cfg)")
-    objective = ckpt.get(CKPT_KEY, {}).get("objective") or ARCH_TO_OBJECTIVE[hp["model_cfg"]["arch"]]
-    cls = module_class(objective)
-    hp.update(overrides)
-    if cls is not Seq2Seq:
-        hp.pop("eos_token_id", None)
-    module = cls(**hp, tokenizer=tokenizer)
-    module.load_state_dict(ckpt["state_dict"])
-    module.on_load_checkpoint(ckpt)
-    return module
