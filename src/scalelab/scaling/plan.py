@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from scalelab.model.config import ModelConfig
+from scalelab.tracking.params import accounting
+from scalelab.training.schedules import wsd_decay_start
 
 N_CONVENTIONS = ("matmul", "non_embedding", "total")
 LR_RULES = ("fixed", "inverse_width")
@@ -274,10 +276,6 @@ class PlanPoint:
         if self.replicate:
             out += f"-s{self.replicate}"
         return out
-
-    def n_by(self, convention: str) -> int:
-        return {"matmul": self.n_params_matmul, "non_embedding": self.n_params_non_embedding,
-                "total": self.n_params}[convention]
 
     def optim_overrides(self, min_lr_ratio: float, beta2: float) -> dict[str, Any]:
         d = {"optim.lr": self.lr, "optim.warmup_steps": self.warmup_steps,
@@ -603,11 +601,6 @@ def _finalize(plan: Plan) -> None:
     plan.points = points
 
 
-def wsd_decay_start(total_steps: int, decay_fraction: float, warmup_steps: int) -> int:
-    """First decaying step of a WSD run; the same rule as training.schedules.wsd_schedule."""
-    return max(warmup_steps, total_steps - max(1, round(decay_fraction * total_steps)))
-
-
 def _wsd_branches(mains: list[PlanPoint], spec: SweepSpec) -> list[PlanPoint]:
     """WSD: every point decays over its last wsd_decay_fraction of steps, and for each fraction
     q < 1 of its D a cooldown branch of round(q * steps) steps starts from the point's own
@@ -649,10 +642,7 @@ def _point(cfg: ModelConfig, budget: float, tokens: float, tps: int, variant: st
     steps = max(1, round(tokens / tps))
     return PlanPoint(
         variant=variant, budget=budget, n_layers=cfg.n_layers, d_model=cfg.d_model,
-        n_heads=cfg.n_heads, n_params=cfg.n_params(),
-        n_params_non_embedding=cfg.n_params(non_embedding=True),
-        n_params_matmul=cfg.n_params_matmul(), flops_per_token=cfg.flops_per_token(seq_len=seq_len),
-        flops_per_token_6n=cfg.flops_per_token(attention=False), tokens=steps * tps, steps=steps,
+        n_heads=cfg.n_heads, **accounting(cfg, seq_len), tokens=steps * tps, steps=steps,
         tokens_per_step=tps, lr=0.0, warmup_steps=0, model_overrides=model_over,
         extra_overrides=dict(extra), size_index=size_index)
 

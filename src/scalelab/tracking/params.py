@@ -15,6 +15,18 @@ SHAPE_KEYS = (
 )
 
 
+def accounting(model: ModelConfig, seq_len: int) -> dict[str, int]:
+    """N under each convention and training FLOPs per token (with and without attention): the
+    record every run logs and the sweep planner stores on each point, from this one function."""
+    return {
+        "n_params": model.n_params(),
+        "n_params_non_embedding": model.n_params(non_embedding=True),
+        "n_params_matmul": model.n_params_matmul(),
+        "flops_per_token": model.flops_per_token(training=True, attention=True, seq_len=seq_len),
+        "flops_per_token_6n": model.flops_per_token(training=True, attention=False, seq_len=seq_len),
+    }
+
+
 def run_params(
     model: ModelConfig,
     *,
@@ -40,21 +52,16 @@ def run_params(
         p["n_encoder_layers"] = model.encoder_layers
         p["n_decoder_layers"] = model.decoder_layers
     tokens = max_steps * tokens_per_step
-    fpt = model.flops_per_token(training=True, attention=True, seq_len=seq_len)
-    fpt_6n = model.flops_per_token(training=True, attention=False, seq_len=seq_len)
+    acct = accounting(model, seq_len)
     p.update(
         objective=objective,
         block_size=seq_len,
         seq_len=seq_len,
-        n_params=model.n_params(),
-        n_params_non_embedding=model.n_params(non_embedding=True),
-        n_params_matmul=model.n_params_matmul(),
-        flops_per_token=fpt,
-        flops_per_token_6n=fpt_6n,
+        **acct,
         max_steps=max_steps,
         tokens_budget=tokens,
-        compute=fpt * tokens,
-        compute_6n=fpt_6n * tokens,
+        compute=acct["flops_per_token"] * tokens,
+        compute_6n=acct["flops_per_token_6n"] * tokens,
         lr=lr,
         global_batch_sequences=global_batch_sequences,
         global_batch_tokens=tokens_per_step,

@@ -5,38 +5,36 @@ Pure PyTorch Lightning: no Hydra, no MLflow here (the CLI and tracking layers si
     from scalelab.training import CausalLM, OptimConfig, ThroughputMonitor, derive_batch
     module = CausalLM(model_cfg, OptimConfig(lr=1e-3), total_steps=2000,
                       bytes_per_token=prepared.bytes_per_token, tokenizer=prepared.tokenizer)
+
+The names load lazily: ``scalelab.training.schedules`` or ``.perf`` (plain Python, used by the
+sweep planner) must not pull in torch and Lightning through this file.
 """
 
-from scalelab.training.batch import BatchPlan, derive_batch, steps_from_budget
-from scalelab.training.callbacks import TextSampler, ThroughputMonitor
-from scalelab.training.config import OptimConfig
-from scalelab.training.modules import (
-    CausalLM,
-    LMModule,
-    MaskedLM,
-    Seq2Seq,
-    bits_per_byte,
-    module_class,
-)
-from scalelab.training.optim import build_optimizer, param_groups
-from scalelab.training.perf import peak_flops
-from scalelab.training.schedules import build_lr_lambda
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "BatchPlan",
-    "CausalLM",
-    "LMModule",
-    "MaskedLM",
-    "OptimConfig",
-    "Seq2Seq",
-    "TextSampler",
-    "ThroughputMonitor",
-    "bits_per_byte",
-    "build_lr_lambda",
-    "build_optimizer",
-    "derive_batch",
-    "module_class",
-    "param_groups",
-    "peak_flops",
-    "steps_from_budget",
-]
+_WHERE = {
+    "BatchPlan": "batch",
+    "derive_batch": "batch",
+    "steps_from_budget": "batch",
+    "TextSampler": "callbacks",
+    "ThroughputMonitor": "callbacks",
+    "OptimConfig": "config",
+    "CausalLM": "modules",
+    "LMModule": "modules",
+    "MaskedLM": "modules",
+    "Seq2Seq": "modules",
+    "bits_per_byte": "modules",
+    "module_class": "modules",
+    "build_optimizer": "optim",
+    "param_groups": "optim",
+    "peak_flops": "perf",
+    "build_lr_lambda": "schedules",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'scalelab.training' has no attribute {name!r}")
+    return getattr(import_module(f"scalelab.training.{_WHERE[name]}"), name)
