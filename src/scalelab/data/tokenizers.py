@@ -35,6 +35,7 @@ from scalelab.data.files import atomic_write_bytes
 
 EOT, PAD, MASK, BOS = "<|endoftext|>", "<|pad|>", "<|mask|>", "<|bos|>"
 SPECIALS = (EOT, PAD, MASK, BOS)
+SEQ2SEQ_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # CharVocab's ids 0..3
 CHAR_PATTERN = r"(?s:.)"  # one match per Unicode character
 BYTE_PATTERN = r"(?s:.{1,256})"  # any chunking works: there are no merges
 BPE_FILE = "bpe.tiktoken"  # a trained bpe's ranks (+ .pattern) inside its prepared folder
@@ -117,6 +118,29 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+class CharVocab:
+    """Seq2seq character vocabulary: pad=0, bos=1, eos=2, unk=3, then the characters."""
+
+    def __init__(self, chars: str):
+        self.chars = "".join(sorted(set(chars)))
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = 0, 1, 2, 3
+        self.eot_id = self.eos_id
+        self.stoi = {c: i + len(SEQ2SEQ_SPECIALS) for i, c in enumerate(self.chars)}
+        self.itos = {i: c for c, i in self.stoi.items()}
+        self.vocab_size = len(SEQ2SEQ_SPECIALS) + len(self.chars)
+        self.name = "seq2seq_char"
+
+    def encode(self, text: str) -> list[int]:
+        return [self.stoi.get(c, self.unk_id) for c in text]
+
+    def decode(self, ids: Any) -> str:
+        return "".join(self.itos.get(int(i), "") for i in ids)
+
+    def spec(self) -> dict[str, Any]:
+        """The persisted spec a run stores; ``tokenizer_from_spec`` rebuilds this vocabulary."""
+        return {"kind": "seq2seq_char", "name": self.name, "chars": self.chars}
 
 
 # --- builders ---------------------------------------------------------------------------
@@ -299,8 +323,6 @@ def tokenizer_from_spec(spec: dict[str, Any], folder: str | os.PathLike[str] | N
     A seq2seq run's spec (kind ``seq2seq_char``) gives its ``CharVocab``."""
     name = spec.get("name")
     if spec.get("kind") == "seq2seq_char":
-        from scalelab.data.datamodules import CharVocab
-
         return CharVocab(spec["chars"])
     if name == "char" and "chars" in spec:
         return char_tokenizer(spec["chars"])

@@ -124,6 +124,13 @@ class SweepSpec:
     clip_sizes: bool = False
 
     def __post_init__(self) -> None:
+        self._check_choices()
+        self._check_targets()
+        self._check_rule()
+        self._check_tune()
+        self._check_variants_and_wsd()
+
+    def _check_choices(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"sweep.mode={self.mode!r}: choose one of {', '.join(MODES)}")
         if self.n_convention not in N_CONVENTIONS:
@@ -131,6 +138,9 @@ class SweepSpec:
                 f"sweep.n_convention={self.n_convention!r}: choose one of {', '.join(N_CONVENTIONS)}")
         if self.lr_rule not in LR_RULES:
             raise ValueError(f"sweep.lr_rule={self.lr_rule!r}: choose one of {', '.join(LR_RULES)}")
+
+    def _check_targets(self) -> None:
+        """The budgets (isoflop) or the N and D grid (grid)."""
         self.budgets = [float(c) for c in self.budgets]
         self.grid_params = [float(x) for x in self.grid_params]
         self.grid_tokens = [float(x) for x in self.grid_tokens]
@@ -153,6 +163,9 @@ class SweepSpec:
                                  "grid_tokens=[1e6,4e6]")
             if any(x <= 0 for x in self.grid_params + self.grid_tokens):
                 raise ValueError("sweep.grid_params and sweep.grid_tokens must be > 0")
+
+    def _check_rule(self) -> None:
+        """The per-size optimisation rule and the run limits."""
         for key in ("tokens_per_param", "lr", "min_tokens_per_param"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"sweep.{key}={getattr(self, key)!r}: must be > 0")
@@ -163,6 +176,9 @@ class SweepSpec:
         _positive_int("sweep.min_steps", self.min_steps)
         _positive_int("sweep.seeds", self.seeds)
         _positive_int("sweep.tune_sizes", self.tune_sizes)
+
+    def _check_tune(self) -> None:
+        """The lr tune stage, or a measured lr law."""
         self.tune_lr_factors = [float(x) for x in self.tune_lr_factors]
         self.tune_budgets = [float(x) for x in self.tune_budgets]
         if self.tune_lr_factors and (len(set(self.tune_lr_factors)) < 3
@@ -180,6 +196,8 @@ class SweepSpec:
                 raise ValueError(f"sweep.lr_law={self.lr_law!r}: give {{coef: c, exponent: k}} "
                                  "with c > 0 (lr = c * N^k), or null")
             self.lr_law = {"coef": float(law["coef"]), "exponent": float(law["exponent"])}
+
+    def _check_variants_and_wsd(self) -> None:
         self.variants = {str(k): list(v) for k, v in dict(self.variants or {}).items()}
         for k, v in self.variants.items():
             if not v:

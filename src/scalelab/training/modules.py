@@ -103,18 +103,7 @@ class LMModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
-        if self.arch and mcfg.arch != self.arch:
-            raise ValueError(
-                f"model.arch={mcfg.arch!r} does not fit the {self.objective} objective "
-                f"({type(self).__name__}); it needs model.arch={self.arch!r}"
-            )
-        if isinstance(total_steps, bool) or int(total_steps) != total_steps or total_steps < 1:
-            raise ValueError(
-                f"total_steps={total_steps!r}: must be a positive integer (optimizer steps of the "
-                "run, e.g. trainer.max_steps); the lr schedule is laid out over it"
-            )
-        if bytes_per_token is not None and not bytes_per_token > 0:
-            raise ValueError(f"bytes_per_token={bytes_per_token!r}: must be > 0 or None")
+        self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
         self.total_steps = int(total_steps)
         self.bytes_per_token = None if bytes_per_token is None else float(bytes_per_token)
@@ -125,20 +114,7 @@ class LMModule(pl.LightningModule):
         self.sample_tokens = int(sample_tokens)
         self.sample_temperature = float(sample_temperature)
         self.sample_top_k = sample_top_k
-        # Plain types only, so checkpoints load with torch.load(weights_only=True).
-        self.save_hyperparameters({
-            "model_cfg": mcfg.to_dict(),
-            "optim_cfg": asdict(ocfg),
-            "total_steps": self.total_steps,
-            "bytes_per_token": self.bytes_per_token,
-            "compile": self.use_compile,
-            "activation_checkpointing": bool(activation_checkpointing),
-            "sample_every_val": self.sample_every_val,
-            "sample_prompt": sample_prompt,
-            "sample_tokens": self.sample_tokens,
-            "sample_temperature": self.sample_temperature,
-            "sample_top_k": sample_top_k,
-        })
+        self._save_plain_hyperparameters(bool(activation_checkpointing))
         self.model = Transformer(mcfg)
         self.model.set_activation_checkpointing(activation_checkpointing)
         self._compiled: nn.Module | None = None  # kept out of _modules: state_dict keys stay clean
@@ -154,6 +130,37 @@ class LMModule(pl.LightningModule):
         self._win_loss: torch.Tensor | None = None  # loss sum over the accumulation window
         self._win_n = 0
         self._val: dict[str, torch.Tensor] = {}
+
+    def _check_args(self, mcfg: ModelConfig, total_steps: int, bytes_per_token: float | None) -> None:
+        if self.arch and mcfg.arch != self.arch:
+            raise ValueError(
+                f"model.arch={mcfg.arch!r} does not fit the {self.objective} objective "
+                f"({type(self).__name__}); it needs model.arch={self.arch!r}"
+            )
+        if isinstance(total_steps, bool) or int(total_steps) != total_steps or total_steps < 1:
+            raise ValueError(
+                f"total_steps={total_steps!r}: must be a positive integer (optimizer steps of the "
+                "run, e.g. trainer.max_steps); the lr schedule is laid out over it"
+            )
+        if bytes_per_token is not None and not bytes_per_token > 0:
+            raise ValueError(f"bytes_per_token={bytes_per_token!r}: must be > 0 or None")
+
+    def _save_plain_hyperparameters(self, activation_checkpointing: bool) -> None:
+        # Plain types only, so checkpoints load with torch.load(weights_only=True). The model
+        # config is stored here only (see training.checkpoint).
+        self.save_hyperparameters({
+            "model_cfg": self.model_cfg.to_dict(),
+            "optim_cfg": asdict(self.optim_cfg),
+            "total_steps": self.total_steps,
+            "bytes_per_token": self.bytes_per_token,
+            "compile": self.use_compile,
+            "activation_checkpointing": activation_checkpointing,
+            "sample_every_val": self.sample_every_val,
+            "sample_prompt": self.sample_prompt,
+            "sample_tokens": self.sample_tokens,
+            "sample_temperature": self.sample_temperature,
+            "sample_top_k": self.sample_top_k,
+        })
 
     # --- model ---------------------------------------------------------------------------
     def configure_model(self) -> None:
