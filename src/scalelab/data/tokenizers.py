@@ -317,6 +317,12 @@ def persisted_spec(tok: Tokenizer) -> dict[str, Any]:
     return spec
 
 
+def prepared_run_spec(folder: str | os.PathLike[str], persisted: dict[str, Any]) -> dict[str, Any]:
+    """The spec a run stores for a tokenizer of a prepared folder (``meta.json["tokenizer"]``):
+    the folder is where a bpe's ranks live; ``tokenizer_from_spec`` reads it back."""
+    return {"kind": "prepared", "dir": str(folder), **persisted}
+
+
 def tokenizer_from_spec(spec: dict[str, Any], folder: str | os.PathLike[str] | None = None) -> Any:
     """Rebuild a tokenizer from a persisted spec: a prepared folder's ``meta.json["tokenizer"]``
     (``folder`` = that folder) or a run's spec (a checkpoint's; the folder is ``spec["dir"]``).
