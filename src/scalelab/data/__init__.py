@@ -8,8 +8,6 @@ from importlib import import_module
 from typing import Any
 
 _WHERE = {
-    "DataBundle": "bundle",  # data/bundle.py comes with the config-layer branch
-    "build_data_bundle": "bundle",
     "DataConfig": "config",
     "TokenizerConfig": "config",
     "PreparedData": "shards",
