@@ -192,7 +192,7 @@ def test_no_function_over_60_lines_without_a_reason() -> None:
 
 
 # --- the checker itself -------------------------------------------------------------------------
-def test_the_checker_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
+def test_the_checker_sees_function_level_and_relative_imports() -> None:
     f = SRC / "scalelab" / "scaling" / "report.py"
     got = {a.dst for a in arrows_of("scalelab.scaling.report", f)}
     assert "scalelab.scaling.fit" in got  # `from .fit import ...`
