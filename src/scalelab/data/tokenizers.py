@@ -38,6 +38,7 @@ SPECIALS = (EOT, PAD, MASK, BOS)
 SEQ2SEQ_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # CharVocab's ids 0..3
 CHAR_PATTERN = r"(?s:.)"  # one match per Unicode character
 BYTE_PATTERN = r"(?s:.{1,256})"  # any chunking works: there are no merges
+CORPUS_TOKENIZERS = ("char", "bpe")  # built from a corpus: they live in its prepared folder
 BPE_FILE = "bpe.tiktoken"  # a trained bpe's ranks (+ .pattern) inside its prepared folder
 
 _BLOB = "https://openaipublic.blob.core.windows.net"
@@ -354,7 +355,7 @@ def load_tokenizer(source: TokenizerConfig | str | os.PathLike[str] | dict[str, 
     if isinstance(source, TokenizerConfig):
         if source.name == "byte":
             return byte_tokenizer()
-        if source.name in ("char", "bpe"):
+        if source.name in CORPUS_TOKENIZERS:
             raise ValueError(
                 f"tokenizer.name={source.name} is built from a corpus: load it from the prepared "
                 f"shard directory instead (load_tokenizer(prepared.dir))"
