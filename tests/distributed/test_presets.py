@@ -14,7 +14,6 @@ import scalelab.cli.schema  # noqa: F401  (registers train_schema + resolvers)
 from scalelab.model.blocks import Block, CrossBlock
 from scalelab.tracking import conf_dir
 from scalelab.training import distributed as D
-from scalelab.training.checkpoint import consolidate_checkpoint
 
 
 def _compose(*overrides: str):
@@ -120,6 +119,8 @@ def test_torchrun_layout(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_consolidate_rejects_a_plain_file(tmp_path: Path):
+    from scalelab.training.checkpoint import consolidate_checkpoint
+
     f = tmp_path / "x.ckpt"
     f.write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="not a sharded checkpoint"):
