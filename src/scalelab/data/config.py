@@ -52,7 +52,9 @@ def from_dict_checked(cls: type[T], d: Mapping[str, Any], prefix: str) -> T:
     names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(d) - names)
     if unknown:
-        raise ValueError(f"{prefix}: unknown key(s) {unknown}; valid keys are {sorted(names)}")
+        dotted = ", ".join(f"{prefix}.{k}" for k in unknown)
+        raise ValueError(f"unknown key(s) {dotted}: {unknown} not in {cls.__name__}; "
+                         f"valid keys are {sorted(names)}")
     return cls(**dict(d))
 
 
