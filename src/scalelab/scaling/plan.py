@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from scalelab.model.accounting import N_CONVENTIONS
 from scalelab.model.config import ModelConfig
 from scalelab.tracking.params import accounting
 from scalelab.training.schedules import wsd_decay_start
 
-N_CONVENTIONS = ("matmul", "non_embedding", "total")
 LR_RULES = ("fixed", "inverse_width")
 MODES = ("isoflop", "grid")
 
@@ -476,10 +476,7 @@ _N_CACHE: dict[tuple[int, str], int] = {}
 def _n_of(cfg: ModelConfig, convention: str) -> int:
     key = (id(cfg), convention)  # cfg objects live in _CACHE, so ids are stable
     if key not in _N_CACHE:
-        if convention == "matmul":
-            _N_CACHE[key] = cfg.n_params_matmul()
-        else:
-            _N_CACHE[key] = cfg.n_params(non_embedding=convention == "non_embedding")
+        _N_CACHE[key] = N_CONVENTIONS[convention].count(cfg)
     return _N_CACHE[key]
 
 

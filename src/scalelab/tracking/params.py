@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalelab.model import ModelConfig
+from scalelab.model.accounting import n_counts
+from scalelab.model.config import ModelConfig  # not scalelab.model: planning stays torch-free
 
 SHAPE_KEYS = (
     "arch", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "norm", "norm_position",
@@ -19,9 +20,7 @@ def accounting(model: ModelConfig, seq_len: int) -> dict[str, int]:
     """N under each convention and training FLOPs per token (with and without attention): the
     record every run logs and the sweep planner stores on each point, from this one function."""
     return {
-        "n_params": model.n_params(),
-        "n_params_non_embedding": model.n_params(non_embedding=True),
-        "n_params_matmul": model.n_params_matmul(),
+        **n_counts(model),  # n_params, n_params_non_embedding, n_params_matmul
         "flops_per_token": model.flops_per_token(training=True, attention=True, seq_len=seq_len),
         "flops_per_token_6n": model.flops_per_token(training=True, attention=False, seq_len=seq_len),
     }
