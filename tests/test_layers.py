@@ -53,9 +53,21 @@ def _resolve(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _is_type_checking(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
 def arrows_of(name: str, path: Path) -> Iterator[Arrow]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    typing_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block)
+                   for stmt in block.body for n in ast.walk(stmt)}  # type: ignore[attr-defined]
     for node in ast.walk(tree):  # module level and inside functions alike
+        if id(node) in typing_only:  # `if TYPE_CHECKING:` imports never run
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield Arrow(name, alias.name, path, node.lineno)
@@ -199,3 +211,5 @@ def test_the_checker_sees_function_level_and_relative_imports() -> None:
     lazy = ROOT / "scaling" / "heldout.py"
     assert "scalelab.training.checkpoint" in {a.dst for a in arrows_of("scalelab.scaling.heldout", lazy)}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    typing_only = ROOT / "model" / "accounting.py"  # imports ModelConfig under TYPE_CHECKING
+    assert "scalelab.model.config" not in {a.dst for a in arrows_of("scalelab.model.accounting", typing_only)}
