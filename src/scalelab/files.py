@@ -1,86 +1,13 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never half of it.
+"""Moved to ``scalelab.data.files``. This alias lasts until cli/ and scaling/run.py import the
+new module (their owners edit those lines); then delete this file."""
 
-Every file that other code reads back (summary.json, mlflow_run_id, exported weights, plans,
-point configs, run tables, reports, checkpoints) goes through here: write a temp file IN THE
-DESTINATION FOLDER (so the final rename never crosses filesystems), fsync it, rename it over the
-target, fsync the folder. A failed write (a full disk) removes the temp file and leaves the old
-target untouched. Imports only the standard library, so every layer may use it.
-"""
-
-from __future__ import annotations
-
-import contextlib
-import json
-import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import IO, Any
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename inside ``folder`` durable (no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def temp_path_for(path: Path) -> Path:
-    """The hidden temp name next to ``path`` (same folder, per process)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
-@contextlib.contextmanager
-def atomic_open(path: str | Path) -> Iterator[IO[bytes]]:
-    """``with atomic_open(p) as f: f.write(...)``: ``p`` appears only once the block succeeded."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(path)
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    with atomic_open(path) as f:
-        f.write(data)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: str | Path, obj: Any, **dumps_kwargs: Any) -> None:
-    dumps_kwargs.setdefault("indent", 2)
-    atomic_write_text(path, json.dumps(obj, **dumps_kwargs) + "\n")
-
-
-def atomic_save_with(path: str | Path, save: Callable[[Path], None]) -> None:
-    """For writers that insist on a file name (matplotlib, pandas): ``save(tmp)`` then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # keeps the suffix
-    try:
-        save(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
+from scalelab.data.files import (  # noqa: F401
+    atomic_open,
+    atomic_save_with,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    fsync_dir,
+    locked,
+    temp_path_for,
+)

@@ -122,8 +122,11 @@ def eval_loss(ckpt: Path, windows: torch.Tensor) -> float:
 
 def model_config(ck: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig dict a scalelab checkpoint carries."""
-    meta = ck["scalelab"]
-    return meta.get("model_config") or meta["model_cfg"]
+    from scalelab.training.checkpoint import model_config as stored_config
+
+    cfg = stored_config(ck)
+    assert cfg is not None, "no model config in the checkpoint"
+    return cfg
 
 
 def val_windows(data_cache: Path, n: int = 64, length: int = 33) -> torch.Tensor:

@@ -22,6 +22,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from scalelab.model import ModelConfig, Transformer
+from scalelab.training.checkpoint import model_config
 from scalelab.training.distributed import block_classes
 
 
@@ -29,8 +30,7 @@ def main(src: str, out: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     ck = torch.load(src, map_location="cpu", weights_only=True)
-    meta = ck["scalelab"]
-    model = Transformer(ModelConfig.from_dict(meta.get("model_config") or meta["model_cfg"]))
+    model = Transformer(ModelConfig.from_dict(model_config(ck)))
     key = next(k for k in ck["state_dict"] if k.endswith("tok_emb.weight"))
     prefix = key[: -len("tok_emb.weight")]
     model.load_state_dict({k[len(prefix):]: v for k, v in ck["state_dict"].items()})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalelab.training.distributed import consolidate_checkpoint, is_sharded_checkpoint
+from scalelab.training.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
 
 from .helpers import REPO, env_for, eval_loss, model_config
 

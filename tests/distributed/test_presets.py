@@ -120,10 +120,12 @@ def test_torchrun_layout(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_consolidate_rejects_a_plain_file(tmp_path: Path):
+    from scalelab.training.checkpoint import consolidate_checkpoint
+
     f = tmp_path / "x.ckpt"
     f.write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="not a sharded checkpoint"):
-        D.consolidate_checkpoint(f)
+        consolidate_checkpoint(f)
 
 
 def test_resolve_devices(monkeypatch: pytest.MonkeyPatch):

@@ -170,11 +170,11 @@ def test_cli_trained_model_exports_to_transformers_and_trains_from_hf(
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         assert (hf_dir / name).is_file(), name
 
-    from scalelab.cli.checkpoints import load, model_state_dict
+    from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict
     from scalelab.model import Transformer
 
     ckpt = load(out)
-    ours = Transformer(ModelConfig.from_dict(ckpt["scalelab_run"]["model_config"]))
+    ours = Transformer(ModelConfig.from_dict(model_config_dict(ckpt)))
     ours.load_state_dict(model_state_dict(ckpt))
     theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     assert theirs.config.num_key_value_heads == 2

@@ -207,8 +207,7 @@ def test_cli_routes_overrides():
 
 
 def test_wsd_plan_adds_cooldown_branches_from_stable_phase_checkpoints():
-    from scalelab.scaling.plan import wsd_decay_start
-    from scalelab.training.schedules import wsd_schedule
+    from scalelab.training.schedules import wsd_decay_start, wsd_schedule
 
     f = 0.2
     plain = _plan()

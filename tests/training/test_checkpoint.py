@@ -10,8 +10,16 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 
 from scalelab.data.datamodules import CausalLMDataModule
 from scalelab.model import ModelConfig
-from scalelab.training import CausalLM, MaskedLM, OptimConfig, load_checkpoint
-from scalelab.training.modules import CKPT_KEY
+from scalelab.training import CausalLM, MaskedLM, OptimConfig
+from scalelab.training.checkpoint import (
+    STATE_KEY,
+    CheckpointError,
+    load_model,
+    model_config,
+    read_meta,
+    restore_rng_state,
+    run_meta,
+)
 
 from .conftest import cpu_trainer
 from .test_callbacks import CharTok, T, loader, tiny_module
@@ -35,16 +43,16 @@ def test_checkpoint_loads_with_weights_only(tmp_path: Path) -> None:
     assert hp["model_cfg"] == module.model_cfg.to_dict()
     assert hp["optim_cfg"]["lr"] == 1e-3 and hp["total_steps"] == 4 and hp["bytes_per_token"] == 1.5
     assert "tokenizer" not in hp
-    assert ckpt[CKPT_KEY] == {
+    assert ckpt[STATE_KEY] == {
         "objective": "causal",
         "tokens_seen": 4 * 2 * 4 * T,
         "flops_seen": pytest.approx(module.flops_seen),
-        "model_cfg": module.model_cfg.to_dict(),
     }
+    assert model_config(ckpt) == module.model_cfg.to_dict()  # stored once, in hyper_parameters
     # state_dict keys are the plain model's (no compile prefix)
     assert all(k.startswith("model.") and "_orig_mod" not in k for k in ckpt["state_dict"])
 
-    again = load_checkpoint(path, tokenizer=CharTok())
+    again = CausalLM.load_from_checkpoint(path, weights_only=True, tokenizer=CharTok())
     assert isinstance(again, CausalLM) and again.tokens_seen == module.tokens_seen
     for (k, a), (_, b) in zip(module.state_dict().items(), again.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
@@ -84,9 +92,31 @@ def test_resume_continues_tokens_and_schedule(tmp_path: Path, shakespeare_char) 
         assert torch.allclose(a, b, atol=1e-6), k
 
 
-def test_load_checkpoint_rejects_foreign_files(tmp_path: Path) -> None:
+def test_load_model_rejects_foreign_files(tmp_path: Path) -> None:
     p = tmp_path / "x.ckpt"
     torch.save({"state_dict": {}}, p)
-    with pytest.raises(ValueError, match="not a scalelab checkpoint"):
-        load_checkpoint(p)
+    with pytest.raises(CheckpointError, match="no model config"):
+        load_model(p)
     assert MaskedLM.objective == "mlm"
+
+
+OLD_FORMAT = Path(__file__).parent / "data" / "old_format.ckpt"
+
+
+def test_checkpoint_in_the_old_format_still_loads(tmp_path: Path) -> None:
+    """``data/old_format.ckpt`` was written by scalelab-train's code before the checkpoint module
+    owned the keys (a 1-layer CausalLM fitted 2 steps with cli.callbacks.RunState): the model
+    config stored three times (hyper_parameters, "scalelab", "scalelab_run")."""
+    ckpt = torch.load(OLD_FORMAT, map_location="cpu", weights_only=True)
+    assert ckpt[STATE_KEY]["model_cfg"] == ckpt["scalelab_run"]["model_config"]  # the old copies
+    cfg = model_config(ckpt)
+    assert cfg is not None and cfg["d_model"] == 8 and cfg["vocab_size"] == 16
+    meta = read_meta(OLD_FORMAT)
+    assert meta["model_config"] == cfg and meta["objective"] == "causal" and meta["global_step"] == 2
+    assert run_meta(ckpt)["tokenizer"]["name"] == "byte"
+    model = load_model(OLD_FORMAT)
+    assert model.cfg.to_dict() == cfg
+    lm = CausalLM.load_from_checkpoint(OLD_FORMAT, weights_only=True)
+    assert lm.tokens_seen == 2 * 4 * 8  # restored from the old "scalelab" entry
+    restore_rng_state(ckpt)  # the old RNG entry restores
+    assert torch.equal(torch.get_rng_state(), ckpt["scalelab_rng"]["torch"])

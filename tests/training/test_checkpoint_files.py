@@ -1,4 +1,4 @@
-"""The checkpoint format (scalelab.training.checkpoint) and atomic files (scalelab.files):
+"""The checkpoint format (scalelab.training.checkpoint) and atomic files (scalelab.data.files):
 written in place with a hash sidecar, verified before use, a full disk (a real 3 MB tmpfs) gives
 a clear error and leaves the previous file intact, broken files are one line, and a crafted FSDP
 folder cannot run code even with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalelab.files import atomic_write_json, atomic_write_text
+from scalelab.data.files import atomic_write_json, atomic_write_text
 from scalelab.training.checkpoint import (
     CheckpointError,
     CheckpointWriteError,

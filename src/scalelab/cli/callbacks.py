@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import pytorch_lightning as pl
-import torch
 from pytorch_lightning.callbacks import TQDMProgressBar
 
 from scalelab.config.spec import plain
+from scalelab.training.checkpoint import add_rng_state, add_run_meta, restore_rng_state
 
 
 class RunState(pl.Callback):
     """Adds what resume and `scalelab-sample` need to every checkpoint, as plain types.
 
-    - ``checkpoint["scalelab_run"]``: model config dict, tokenizer spec, objective, MLflow run id;
+    - the run meta: model config dict, tokenizer spec, objective, MLflow run id;
     - RNG states (torch, numpy, python), restored on resume so dropout/masking continue the
       same random stream;
     - ``hyper_parameters`` made plain so ``torch.load(weights_only=True)`` works.
@@ -28,30 +26,14 @@ class RunState(pl.Callback):
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        checkpoint["scalelab_run"] = plain(self.meta)
-        np_state = np.random.get_state()
-        checkpoint["scalelab_rng"] = {
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": [str(np_state[0]), torch.from_numpy(np_state[1].astype(np.int64)),
-                      int(np_state[2]), int(np_state[3]), float(np_state[4])],
-            "python": plain(random.getstate()),
-        }
         if "hyper_parameters" in checkpoint:
             checkpoint["hyper_parameters"] = plain(dict(checkpoint["hyper_parameters"]))
+        add_run_meta(checkpoint, plain(self.meta))
+        add_rng_state(checkpoint)
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        rng = checkpoint.get("scalelab_rng")
-        if not rng:
-            return
-        torch.set_rng_state(rng["torch"])
-        if rng.get("cuda") and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        name, keys, pos, has_gauss, cached = rng["numpy"]
-        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-        version, state, gauss = rng["python"]
-        random.setstate((version, tuple(state), gauss))
+        restore_rng_state(checkpoint)
 
 
 class ProgressBar(TQDMProgressBar):

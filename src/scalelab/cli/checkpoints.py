@@ -1,4 +1,4 @@
-"""Reading scalelab checkpoints safely (``torch.load(weights_only=True)``) for sample/export."""
+"""Finding and loading a checkpoint for sample/export/eval; the format is ``training.checkpoint``'s."""
 
 from __future__ import annotations
 
@@ -6,22 +6,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
+from scalelab.data.tokenizers import tokenizer_from_spec
+from scalelab.training.checkpoint import (
+    consolidated_if_sharded,
+    model_config,
+    model_state_dict,
+    newest_verified,
+    read_checkpoint,
+    run_meta,
+)
+
+# sample/export/eval/viz/interop import these from here; the checkpoint module owns them
+__all__ = ["find_checkpoint", "load", "model_config_dict", "model_state_dict", "run_meta",
+           "tokenizer_from_spec"]
 
 
 def find_checkpoint(path: str | Path) -> Path:
     """A .ckpt file, or a run folder (-> checkpoints/last.ckpt)."""
     p = Path(path).expanduser().resolve()
-    p = _consolidated_if_sharded(p)
+    p = consolidated_if_sharded(p)
     if p.is_dir():
-        from scalelab.training.checkpoint import newest_verified
-
         # a run folder: the newest checkpoint that verifies (a truncated last.ckpt is skipped)
         chosen, skipped = newest_verified(p / "checkpoints" if (p / "checkpoints").is_dir() else p)
         for path, why in skipped:
             print(f"warning: skipped {path} ({why})", file=sys.stderr)
         if chosen is not None:
-            return _consolidated_if_sharded(chosen)
+            return consolidated_if_sharded(chosen)
         raise FileNotFoundError(f"{p}: no usable checkpoint in this folder (checkpoints/last.ckpt "
                                 "or best.ckpt); pass a .ckpt file")
     if not p.is_file():
@@ -29,66 +39,16 @@ def find_checkpoint(path: str | Path) -> Path:
     return p
 
 
-def _consolidated_if_sharded(p: Path) -> Path:
-    """An FSDP sharded checkpoint folder -> its plain ``<folder>.consolidated.ckpt`` (made once)."""
-    from scalelab.training.distributed import consolidate_checkpoint, is_sharded_checkpoint
-
-    if not is_sharded_checkpoint(p):
-        return p
-    out = p.with_name(p.name + ".consolidated.ckpt")
-    if not out.is_file() or out.stat().st_mtime < (p / ".metadata").stat().st_mtime:
-        consolidate_checkpoint(p, out)
-    return out
-
-
 def load(path: str | Path) -> dict[str, Any]:
     """The checkpoint dict, loaded with weights_only=True (no pickled code runs)."""
-    from scalelab.training.checkpoint import read_checkpoint
-
     ckpt_path = find_checkpoint(path)
     ckpt = read_checkpoint(ckpt_path)  # one clear line for a truncated/garbage file
     ckpt["_path"] = str(ckpt_path)
     return ckpt
 
 
-def run_meta(ckpt: dict[str, Any]) -> dict[str, Any]:
-    """What `scalelab-train` stored: model config, tokenizer spec, objective, MLflow run id."""
-    return dict(ckpt.get("scalelab_run") or {})
-
-
 def model_config_dict(ckpt: dict[str, Any]) -> dict[str, Any]:
-    meta = run_meta(ckpt)
-    cfg = meta.get("model_config") or ckpt.get("hyper_parameters", {}).get("model_cfg")
+    cfg = model_config(ckpt)
     if not cfg:
         raise ValueError(f"{ckpt.get('_path')}: no model config in the checkpoint (not from scalelab-train?)")
-    return dict(cfg)
-
-
-def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The Transformer's own weights (the LightningModule's ``model.`` prefix removed)."""
-    sd = ckpt["state_dict"]
-    out = {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
-    return out or dict(sd)
-
-
-def tokenizer_from_spec(spec: dict[str, Any]) -> Any:
-    """Rebuild the tokenizer a run used, from the plain spec saved in its checkpoint."""
-    from scalelab.data.config import TokenizerConfig
-    from scalelab.data.tokenizers import char_tokenizer, load_tokenizer
-
-    kind, name = spec.get("kind"), spec.get("name")
-    if kind == "seq2seq_char":
-        from scalelab.data.datamodules import CharVocab
-
-        return CharVocab(spec["chars"])
-    if name == "char" and "chars" in spec:
-        return char_tokenizer(spec["chars"])
-    if name == "bpe":
-        d = spec.get("dir")
-        if not d or not Path(d).is_dir():
-            raise FileNotFoundError(
-                f"the bpe tokenizer lives in the prepared data folder {d!r}, which is gone; "
-                "prepare the same data again (scalelab-data) to recreate it"
-            )
-        return load_tokenizer(d)
-    return load_tokenizer(TokenizerConfig(name=str(name)))
+    return cfg

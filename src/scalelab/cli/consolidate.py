@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scalelab.training.distributed import consolidate_checkpoint
+from scalelab.training.checkpoint import consolidate_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,28 +1,29 @@
-"""Data: tokenizers (tiktoken engine), corpora, token shards and one DataModule per objective."""
+"""Data: tokenizers (tiktoken engine), corpora, token shards and one DataModule per objective.
 
-from scalelab.data.bundle import DataBundle, build_data_bundle
-from scalelab.data.config import DataConfig, TokenizerConfig
-from scalelab.data.shards import PreparedData, prepare
-from scalelab.data.tokenizers import Tokenizer, load_tokenizer
+The names load lazily, so importing ``scalelab.data.config`` or ``.files`` (plain Python, used
+by every layer) does not pull in numpy, tiktoken or Lightning.
+"""
 
-__all__ = [
-    "CausalLMDataModule",
-    "DataBundle",
-    "DataConfig",
-    "MaskedLMDataModule",
-    "PreparedData",
-    "Seq2SeqDataModule",
-    "Tokenizer",
-    "TokenizerConfig",
-    "build_data_bundle",
-    "load_tokenizer",
-    "prepare",
-]
+from importlib import import_module
+from typing import Any
+
+_WHERE = {
+    "DataBundle": "bundle",
+    "build_data_bundle": "bundle",
+    "DataConfig": "config",
+    "TokenizerConfig": "config",
+    "PreparedData": "shards",
+    "prepare": "shards",
+    "Tokenizer": "tokenizers",
+    "load_tokenizer": "tokenizers",
+    "CausalLMDataModule": "datamodules",  # DataModules import lightning
+    "MaskedLMDataModule": "datamodules",
+    "Seq2SeqDataModule": "datamodules",
+}
+__all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):  # DataModules import lightning: load them only when asked for
-    if name in ("CausalLMDataModule", "MaskedLMDataModule", "Seq2SeqDataModule"):
-        from scalelab.data import datamodules
-
-        return getattr(datamodules, name)
-    raise AttributeError(name)
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'scalelab.data' has no attribute {name!r}")
+    return getattr(import_module(f"scalelab.data.{_WHERE[name]}"), name)

@@ -7,8 +7,9 @@ PEP 604 unions and Literal. Every bad value fails here, naming the key, before a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, List  # noqa: UP035  (OmegaConf needs typing generics)
+from typing import Any, List, TypeVar  # noqa: UP035  (OmegaConf needs typing generics)
 
 TOKENIZER_NAMES = (
     "char",
@@ -33,6 +34,7 @@ DATA_NAMES = (
     "parallel_text",
 )
 SEQ2SEQ_DATA = ("synthetic_seq2seq", "parallel_text")
+T = TypeVar("T")
 ENCODING_ERRORS = ("strict", "replace", "ignore")
 SPLITS = ("tail",)
 DTYPES = ("auto", "uint16", "uint32")
@@ -44,15 +46,16 @@ def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
 
 
-def _from_dict(cls: type, d: dict[str, Any], prefix: str) -> Any:
-    names = {f.name for f in fields(cls)}
+def from_dict_checked(cls: type[T], d: Mapping[str, Any], prefix: str) -> T:
+    """``cls(**d)`` for a config dataclass; a key it does not have fails, naming the key (the one
+    unknown-key check that every config's ``from_dict`` uses)."""
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(d) - names)
     if unknown:
-        raise ValueError(
-            f"unknown key(s) {', '.join(prefix + '.' + k for k in unknown)}; "
-            f"valid keys: {', '.join(sorted(names))}"
-        )
-    return cls(**d)
+        dotted = ", ".join(f"{prefix}.{k}" for k in unknown)
+        raise ValueError(f"unknown key(s) {dotted}: {unknown} not in {cls.__name__}; "
+                         f"valid keys are {sorted(names)}")
+    return cls(**dict(d))
 
 
 @dataclass
@@ -101,7 +104,7 @@ class TokenizerConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TokenizerConfig:
-        return _from_dict(cls, dict(d), "tokenizer")
+        return from_dict_checked(cls, d, "tokenizer")
 
 
 @dataclass
@@ -199,4 +202,4 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DataConfig:
-        return _from_dict(cls, dict(d), "data")
+        return from_dict_checked(cls, d, "data")

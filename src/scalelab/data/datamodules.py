@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from scalelab.data.config import DataConfig
 from scalelab.data.shards import PreparedData
+from scalelab.data.tokenizers import CharVocab
 
 IGNORE = -100
 VAL_MASK_SEED = 20_181_011  # BERT's arXiv date: any constant works, it just never changes
@@ -350,28 +351,6 @@ class MaskedLMDataModule(_StreamDataModule):
 
 
 # --- seq2seq -----------------------------------------------------------------------------
-
-SEQ2SEQ_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
-
-
-class CharVocab:
-    """Seq2seq character vocabulary: pad=0, bos=1, eos=2, unk=3, then the characters."""
-
-    def __init__(self, chars: str):
-        self.chars = "".join(sorted(set(chars)))
-        self.pad_id, self.bos_id, self.eos_id, self.unk_id = 0, 1, 2, 3
-        self.eot_id = self.eos_id
-        self.stoi = {c: i + len(SEQ2SEQ_SPECIALS) for i, c in enumerate(self.chars)}
-        self.itos = {i: c for c, i in self.stoi.items()}
-        self.vocab_size = len(SEQ2SEQ_SPECIALS) + len(self.chars)
-        self.name = "seq2seq_char"
-
-    def encode(self, text: str) -> list[int]:
-        return [self.stoi.get(c, self.unk_id) for c in text]
-
-    def decode(self, ids: Any) -> str:
-        return "".join(self.itos.get(int(i), "") for i in ids)
-
 
 def synthetic_pairs(
     task: str, n: int, min_len: int, max_len: int, rng: np.random.Generator

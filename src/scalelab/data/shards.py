@@ -12,7 +12,6 @@ dtype, so changing any of them prepares a new directory and rerunning is free.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -20,9 +19,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -31,63 +29,21 @@ from typing import Any
 import numpy as np
 
 from scalelab.data.config import DataConfig, TokenizerConfig
+from scalelab.data.files import atomic_write_bytes, locked
 from scalelab.data.sources import Corpus, load_corpus
 from scalelab.data.tokenizers import (
     Tokenizer,
-    byte_tokenizer,
-    char_tokenizer,
-    load_bpe_ranks,
     load_tokenizer,
-    named_tokenizer,
-    save_bpe_ranks,
-    train_bpe,
+    persisted_spec,
+    tokenizer_for_corpus,
 )
 
 log = logging.getLogger("scalelab.data")
 FORMAT_VERSION = 1
-BPE_FILE = "bpe.tiktoken"
 CHUNK_CHARS = 256 * 1024  # long documents are cut into pieces this size for parallel encoding
 # A newline after a non-space and before a letter is a piece boundary of every tiktoken split
 # pattern we use (and trivially of char/byte), so cutting there leaves the ids unchanged.
 _SAFE_CUT = re.compile(r"(?<=\S\n)(?=[A-Za-z])")
-
-
-# --- atomic files ------------------------------------------------------------------------
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same directory, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-@contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """One preparer per directory (DDP ranks, parallel sweeps); the others wait, then reuse."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 # --- the prepared dataset ----------------------------------------------------------------
@@ -203,38 +159,6 @@ def _is_complete(d: Path) -> bool:
         return False
 
 
-def _build_tokenizer(
-    tok_cfg: TokenizerConfig, corpus: Corpus, train_docs: list[str], d: Path, say: Any
-) -> Tokenizer:
-    if tok_cfg.name == "char":
-        return char_tokenizer("".join(sorted(set().union(*map(set, corpus.docs)))))
-    if tok_cfg.name == "byte":
-        return byte_tokenizer()
-    if tok_cfg.name != "bpe":
-        return named_tokenizer(tok_cfg.name, tok_cfg.download_timeout)
-    ranks = d / BPE_FILE
-    if ranks.exists() and ranks.with_suffix(".pattern").exists():
-        say(f"reusing trained bpe tokenizer {ranks}")
-        return load_bpe_ranks(ranks)
-
-    def capped() -> Iterator[str]:
-        left = int(tok_cfg.bpe_max_train_bytes)
-        for doc in train_docs:
-            if left <= 0:
-                return
-            piece = doc[:left]  # chars ~ bytes; close enough for a speed cap
-            left -= len(piece)
-            yield piece
-
-    t0 = time.perf_counter()
-    tok = train_bpe(capped(), int(tok_cfg.vocab_size or 0), tok_cfg.bpe_pattern)
-    save_bpe_ranks(tok, ranks)
-    say(
-        f"trained bpe tokenizer (vocab {tok.vocab_size}) in {time.perf_counter() - t0:.1f}s -> {ranks}"
-    )
-    return tok
-
-
 def _shard_dtype(data_cfg: DataConfig, vocab_size: int) -> str:
     fits16 = vocab_size <= 2**16
     if data_cfg.dtype == "auto":
@@ -289,6 +213,94 @@ def _encode_splits(
     return counts
 
 
+def _say_for(progress: bool) -> Callable[[str], None]:
+    def say(msg: str) -> None:  # progress=True: the user watches stdout; else only the log
+        if progress:
+            print(f"[scalelab-data] {msg}", flush=True)
+        else:
+            log.info(msg)
+
+    return say
+
+
+def _split_or_fail(corpus: Corpus, data_cfg: DataConfig) -> tuple[list[str], list[str]]:
+    train_docs, val_docs = split_tail(corpus.docs, float(data_cfg.val_fraction))
+    if not train_docs or not val_docs:
+        raise ValueError(
+            f"data.val_fraction={data_cfg.val_fraction}: the corpus ({corpus.source}, "
+            f"{sum(map(len, corpus.docs))} chars) is too small to give both a train and a "
+            f"val split; use a bigger corpus"
+        )
+    return train_docs, val_docs
+
+
+def _write_shards(
+    d: Path, tok: Tokenizer, splits: dict[str, list[str]], dtype: str, threads: int, progress: bool
+) -> dict[str, int]:
+    """Encode into temp files, fsync, then rename to ``<split>.bin``; returns token counts."""
+    tmp = {s: d / f".{s}.bin.{os.getpid()}.tmp" for s in splits}
+    try:
+        files = {s: open(p, "wb") for s, p in tmp.items()}  # noqa: SIM115
+        try:
+            counts = _encode_splits(tok, splits, files, dtype, threads, progress)
+            for f in files.values():
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            for f in files.values():
+                f.close()
+        if counts["train"] < 2 or counts["val"] < 2:
+            raise ValueError(
+                f"the corpus is too small: {counts['train']} train / {counts['val']} val "
+                f"tokens (need >= 2 each); use a bigger corpus or change data.val_fraction"
+            )
+        for s, p in tmp.items():
+            os.replace(p, d / f"{s}.bin")
+    finally:
+        for p in tmp.values():
+            p.unlink(missing_ok=True)
+    return counts
+
+
+def _meta(data_cfg: DataConfig, tok_cfg: TokenizerConfig, corpus: Corpus, tok: Tokenizer,
+          splits: dict[str, list[str]], dtype: str, counts: dict[str, int],
+          seconds: float) -> dict[str, Any]:
+    n_bytes = {s: sum(len(x.encode("utf-8")) for x in docs) for s, docs in splits.items()}
+    return {
+        "version": FORMAT_VERSION,
+        "data": data_cfg.to_dict(),
+        "tokenizer_config": tok_cfg.to_dict(),
+        "tokenizer": persisted_spec(tok),
+        "source": corpus.source,
+        "fingerprint": corpus.fingerprint,
+        "python": sys.version.split()[0],
+        "n_docs": len(corpus.docs),
+        "split": {
+            "rule": "tail: train = first (1 - val_fraction) of the characters, val = the rest",
+            "val_fraction": float(data_cfg.val_fraction),
+        },
+        "dtype": dtype,
+        "vocab_size": tok.vocab_size,
+        "train_tokens": counts["train"],
+        "val_tokens": counts["val"],
+        "train_bytes": n_bytes["train"],
+        "val_bytes": n_bytes["val"],
+        "bytes_per_token": n_bytes["val"] / counts["val"],
+        "bad_bytes": corpus.bad_bytes,
+        "bad_files": corpus.bad_files[:100],
+        "encoding_errors": data_cfg.encoding_errors,
+        "prepare_seconds": round(seconds, 3),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _start_fresh(d: Path) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "meta.json").unlink(missing_ok=True)  # incomplete until rewritten at the end
+    for stale in d.glob(".*.tmp"):
+        stale.unlink()  # leftovers of a killed run
+
+
 def prepare(
     data_cfg: DataConfig,
     tok_cfg: TokenizerConfig,
@@ -302,13 +314,7 @@ def prepare(
     Rerunning with the same corpus/tokenizer/split returns the cached directory at once and
     says so; ``force=True`` re-encodes (a trained bpe tokenizer is still reused).
     """
-
-    def say(msg: str) -> None:  # progress=True: the user watches stdout; else only the log
-        if progress:
-            print(f"[scalelab-data] {msg}", flush=True)
-        else:
-            log.info(msg)
-
+    say = _say_for(progress)
     if data_cfg.is_seq2seq:
         raise ValueError(
             f"data.name={data_cfg.name} is a seq2seq source and has no token shards: use "
@@ -322,14 +328,11 @@ def prepare(
         cache
         / f"{data_cfg.name}-{tok_cfg.name}{tok_cfg.vocab_size if tok_cfg.name == 'bpe' else ''}-{key}"
     )
-    with _locked(cache / f".{d.name}.lock"):
+    with locked(cache / f".{d.name}.lock"):
         if not force and _is_complete(d):
             say(f"reusing cached shards {d} (nothing to do)")
             return PreparedData.load(d)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "meta.json").unlink(missing_ok=True)  # incomplete until rewritten at the end
-        for stale in d.glob(".*.tmp"):
-            stale.unlink()  # leftovers of a killed run
+        _start_fresh(d)
         say(
             f"preparing {corpus.source}: {corpus.n_bytes / 1e6:.2f} MB, {len(corpus.docs)} docs -> {d}"
         )
@@ -338,73 +341,14 @@ def prepare(
                 f"{corpus.bad_bytes} non-UTF-8 byte(s) in {len(corpus.bad_files)} file(s) "
                 f"({data_cfg.encoding_errors}d): {', '.join(corpus.bad_files[:5])}"
             )
-        train_docs, val_docs = split_tail(corpus.docs, float(data_cfg.val_fraction))
-        if not train_docs or not val_docs:
-            raise ValueError(
-                f"data.val_fraction={data_cfg.val_fraction}: the corpus ({corpus.source}, "
-                f"{sum(map(len, corpus.docs))} chars) is too small to give both a train and a "
-                f"val split; use a bigger corpus"
-            )
-        tok = _build_tokenizer(tok_cfg, corpus, train_docs, d, say)
+        train_docs, val_docs = _split_or_fail(corpus, data_cfg)
+        splits = {"train": train_docs, "val": val_docs}
+        tok = tokenizer_for_corpus(tok_cfg, corpus.docs, train_docs, d, say)
         dtype = _shard_dtype(data_cfg, tok.vocab_size)
         threads = int(data_cfg.num_threads or os.cpu_count() or 1)
-        tmp = {s: d / f".{s}.bin.{os.getpid()}.tmp" for s in ("train", "val")}
-        try:
-            files = {s: open(p, "wb") for s, p in tmp.items()}  # noqa: SIM115
-            try:
-                counts = _encode_splits(
-                    tok, {"train": train_docs, "val": val_docs}, files, dtype, threads, progress
-                )
-                for f in files.values():
-                    f.flush()
-                    os.fsync(f.fileno())
-            finally:
-                for f in files.values():
-                    f.close()
-            if counts["train"] < 2 or counts["val"] < 2:
-                raise ValueError(
-                    f"the corpus is too small: {counts['train']} train / {counts['val']} val "
-                    f"tokens (need >= 2 each); use a bigger corpus or change data.val_fraction"
-                )
-            for s, p in tmp.items():
-                os.replace(p, d / f"{s}.bin")
-        finally:
-            for p in tmp.values():
-                p.unlink(missing_ok=True)
-        tspec = tok.spec()
-        if tok.name == "char":
-            tspec["chars"] = tok.chars
-        if tok.name == "bpe":
-            tspec["ranks_file"] = BPE_FILE
-        val_bytes = sum(len(x.encode("utf-8")) for x in val_docs)
-        train_bytes = sum(len(x.encode("utf-8")) for x in train_docs)
+        counts = _write_shards(d, tok, splits, dtype, threads, progress)
         seconds = time.perf_counter() - t0
-        meta = {
-            "version": FORMAT_VERSION,
-            "data": data_cfg.to_dict(),
-            "tokenizer_config": tok_cfg.to_dict(),
-            "tokenizer": tspec,
-            "source": corpus.source,
-            "fingerprint": corpus.fingerprint,
-            "python": __import__("sys").version.split()[0],
-            "n_docs": len(corpus.docs),
-            "split": {
-                "rule": "tail: train = first (1 - val_fraction) of the characters, val = the rest",
-                "val_fraction": float(data_cfg.val_fraction),
-            },
-            "dtype": dtype,
-            "vocab_size": tok.vocab_size,
-            "train_tokens": counts["train"],
-            "val_tokens": counts["val"],
-            "train_bytes": train_bytes,
-            "val_bytes": val_bytes,
-            "bytes_per_token": val_bytes / counts["val"],
-            "bad_bytes": corpus.bad_bytes,
-            "bad_files": corpus.bad_files[:100],
-            "encoding_errors": data_cfg.encoding_errors,
-            "prepare_seconds": round(seconds, 3),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
+        meta = _meta(data_cfg, tok_cfg, corpus, tok, splits, dtype, counts, seconds)
         atomic_write_bytes(d / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False).encode())
         say(
             f"wrote {counts['train']:,} train + {counts['val']:,} val tokens ({dtype}, vocab "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.data.config import DataConfig
+from scalelab.data.files import atomic_write_bytes
 
 SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -146,8 +147,6 @@ def load_pystdlib(cfg: DataConfig) -> Corpus:
 
 def download(url: str, dest: Path, sha256: str | None, timeout: float, key: str) -> None:
     """Download once to ``dest`` (atomically), checking sha256; fail fast offline."""
-    from scalelab.data.shards import atomic_write_bytes
-
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             raw = r.read()

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import socket
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -29,11 +31,15 @@ from typing import Any
 import tiktoken
 
 from scalelab.data.config import DOWNLOADED_ENCODINGS, OFFLINE_TOKENIZERS, TokenizerConfig
+from scalelab.data.files import atomic_write_bytes
 
 EOT, PAD, MASK, BOS = "<|endoftext|>", "<|pad|>", "<|mask|>", "<|bos|>"
 SPECIALS = (EOT, PAD, MASK, BOS)
+SEQ2SEQ_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # CharVocab's ids 0..3
 CHAR_PATTERN = r"(?s:.)"  # one match per Unicode character
 BYTE_PATTERN = r"(?s:.{1,256})"  # any chunking works: there are no merges
+CORPUS_TOKENIZERS = ("char", "bpe")  # built from a corpus: they live in its prepared folder
+BPE_FILE = "bpe.tiktoken"  # a trained bpe's ranks (+ .pattern) inside its prepared folder
 
 _BLOB = "https://openaipublic.blob.core.windows.net"
 _URLS = {
@@ -113,6 +119,29 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+class CharVocab:
+    """Seq2seq character vocabulary: pad=0, bos=1, eos=2, unk=3, then the characters."""
+
+    def __init__(self, chars: str):
+        self.chars = "".join(sorted(set(chars)))
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = 0, 1, 2, 3
+        self.eot_id = self.eos_id
+        self.stoi = {c: i + len(SEQ2SEQ_SPECIALS) for i, c in enumerate(self.chars)}
+        self.itos = {i: c for c, i in self.stoi.items()}
+        self.vocab_size = len(SEQ2SEQ_SPECIALS) + len(self.chars)
+        self.name = "seq2seq_char"
+
+    def encode(self, text: str) -> list[int]:
+        return [self.stoi.get(c, self.unk_id) for c in text]
+
+    def decode(self, ids: Any) -> str:
+        return "".join(self.itos.get(int(i), "") for i in ids)
+
+    def spec(self) -> dict[str, Any]:
+        """The persisted spec a run stores; ``tokenizer_from_spec`` rebuilds this vocabulary."""
+        return {"kind": "seq2seq_char", "name": self.name, "chars": self.chars}
 
 
 # --- builders ---------------------------------------------------------------------------
@@ -227,8 +256,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int, pattern: str | None = None)
 
 def save_bpe_ranks(tok: Tokenizer, path: Path) -> None:
     """Write ``base64(token) rank`` lines (tiktoken's .tiktoken format) + the pattern, atomically."""
-    from scalelab.data.shards import atomic_write_bytes
-
     ranks = tok.enc._mergeable_ranks
     lines = [
         f"{base64.b64encode(b).decode()} {r}" for b, r in sorted(ranks.items(), key=lambda x: x[1])
@@ -246,6 +273,77 @@ def load_bpe_ranks(path: Path) -> Tokenizer:
     return Tokenizer("bpe", base)
 
 
+# --- name -> tokenizer: the only place that decides ---------------------------------------
+
+
+def tokenizer_for_corpus(
+    cfg: TokenizerConfig, docs: list[str], train_docs: list[str], folder: Path,
+    say: Callable[[str], None],
+) -> Tokenizer:
+    """The tokenizer ``prepare`` encodes with: char from the corpus's characters, bpe trained on
+    ``train_docs`` (or reused from ``folder``), the others by name."""
+    if cfg.name == "char":
+        return char_tokenizer("".join(sorted(set().union(*map(set, docs)))))
+    if cfg.name != "bpe":
+        return load_tokenizer(cfg)
+    ranks = folder / BPE_FILE
+    if ranks.exists() and ranks.with_suffix(".pattern").exists():
+        say(f"reusing trained bpe tokenizer {ranks}")
+        return load_bpe_ranks(ranks)
+
+    def capped() -> Iterator[str]:
+        left = int(cfg.bpe_max_train_bytes)
+        for doc in train_docs:
+            if left <= 0:
+                return
+            piece = doc[:left]  # chars ~ bytes; close enough for a speed cap
+            left -= len(piece)
+            yield piece
+
+    t0 = time.perf_counter()
+    tok = train_bpe(capped(), int(cfg.vocab_size or 0), cfg.bpe_pattern)
+    save_bpe_ranks(tok, ranks)
+    say(f"trained bpe tokenizer (vocab {tok.vocab_size}) in {time.perf_counter() - t0:.1f}s -> {ranks}")
+    return tok
+
+
+def persisted_spec(tok: Tokenizer) -> dict[str, Any]:
+    """What meta.json stores so ``tokenizer_from_spec`` rebuilds ``tok``: its spec, plus the
+    char list (char) or the ranks file name inside the prepared folder (bpe)."""
+    spec = tok.spec()
+    if tok.name == "char":
+        spec["chars"] = tok.chars
+    if tok.name == "bpe":
+        spec["ranks_file"] = BPE_FILE
+    return spec
+
+
+def prepared_run_spec(folder: str | os.PathLike[str], persisted: dict[str, Any]) -> dict[str, Any]:
+    """The spec a run stores for a tokenizer of a prepared folder (``meta.json["tokenizer"]``):
+    the folder is where a bpe's ranks live; ``tokenizer_from_spec`` reads it back."""
+    return {"kind": "prepared", "dir": str(folder), **persisted}
+
+
+def tokenizer_from_spec(spec: dict[str, Any], folder: str | os.PathLike[str] | None = None) -> Any:
+    """Rebuild a tokenizer from a persisted spec: a prepared folder's ``meta.json["tokenizer"]``
+    (``folder`` = that folder) or a run's spec (a checkpoint's; the folder is ``spec["dir"]``).
+    A seq2seq run's spec (kind ``seq2seq_char``) gives its ``CharVocab``."""
+    name = spec.get("name")
+    if spec.get("kind") == "seq2seq_char":
+        return CharVocab(spec["chars"])
+    if name == "char" and "chars" in spec:
+        return char_tokenizer(spec["chars"])
+    if name == "bpe":
+        d = folder if folder is not None else spec.get("dir")
+        if not d or not Path(d).is_dir():
+            raise FileNotFoundError(
+                f"the bpe tokenizer lives in the prepared data folder {d!r}, which is gone; "
+                "prepare the same data again (scalelab-data) to recreate it"
+            )
+        return load_bpe_ranks(Path(d) / spec.get("ranks_file", BPE_FILE))
+    return load_tokenizer(TokenizerConfig(name=str(name)))
+
+
 def load_tokenizer(source: TokenizerConfig | str | os.PathLike[str] | dict[str, Any]) -> Tokenizer:
     """Tokenizer from a config (byte / named encodings) or from a prepared shard directory.
 
@@ -257,23 +355,15 @@ def load_tokenizer(source: TokenizerConfig | str | os.PathLike[str] | dict[str, 
     if isinstance(source, TokenizerConfig):
         if source.name == "byte":
             return byte_tokenizer()
-        if source.name in ("char", "bpe"):
+        if source.name in CORPUS_TOKENIZERS:
             raise ValueError(
                 f"tokenizer.name={source.name} is built from a corpus: load it from the prepared "
                 f"shard directory instead (load_tokenizer(prepared.dir))"
             )
         return named_tokenizer(source.name, source.download_timeout)
-    import json
-
     d = Path(source)
     meta_path = d if d.name == "meta.json" else d / "meta.json"
     if not meta_path.exists():
         raise FileNotFoundError(f"{meta_path} does not exist: run prepare (scalelab-data) first")
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    tspec = meta["tokenizer"]
-    name = tspec["name"]
-    if name == "char":
-        return char_tokenizer(tspec["chars"])
-    if name == "bpe":
-        return load_bpe_ranks(meta_path.parent / tspec["ranks_file"])
-    return load_tokenizer(TokenizerConfig(name=name))
+    return tokenizer_from_spec(meta["tokenizer"], meta_path.parent)

@@ -112,18 +112,7 @@ def prepare_runs(runs, options: FitOptions | None = None, source: str | None = N
     df = pd.DataFrame(runs).copy() if not isinstance(runs, pd.DataFrame) else runs.copy()
     if df.empty:
         raise FitInputError(f"no runs{_where(source)}: the table is empty")
-    n_col = N_COLUMNS[opts.n_convention]
-    if n_col in df.columns:
-        n_src = n_col
-    elif "N" in df.columns:
-        n_src = "N"
-        if any(c in df.columns for c in N_COLUMNS.values()):
-            notes.append(f"column {n_col!r} absent; using 'N' as the parameter count")
-    else:
-        raise FitInputError(
-            f"missing column for N{_where(source)}: need 'N' or {n_col!r} "
-            f"(n_convention={opts.n_convention!r}); columns present: {list(df.columns)}"
-        )
+    n_src = _n_column(df, opts, source, notes)
     for col in ("D", "loss"):
         if col not in df.columns:
             raise FitInputError(f"missing column {col!r}{_where(source)}; columns present: {list(df.columns)}")
@@ -131,23 +120,7 @@ def prepare_runs(runs, options: FitOptions | None = None, source: str | None = N
     for col in (n_src, "D", "loss"):
         _positive(df, col, source)
     out["N"], out["D"], out["loss"] = df[n_src], df["D"], df["loss"]
-
-    # Compute C under the chosen FLOPs convention (see FitOptions).
-    att = opts.flops_convention == "attention"
-    total_col, fpt_col = ("flops", "flops_per_token") if att else ("flops_6n", "flops_per_token_6n")
-    if total_col in df.columns:
-        _positive(df, total_col, source)
-        out["C"] = df[total_col]
-    elif fpt_col in df.columns:
-        _positive(df, fpt_col, source)
-        out["C"] = df[fpt_col] * out["D"]
-    elif att and "C" in df.columns:
-        _positive(df, "C", source)
-        out["C"] = df["C"]
-    else:
-        out["C"] = 6.0 * out["N"] * out["D"]
-        why = "no attention FLOPs column (flops, flops_per_token or C)" if att else "6N convention"
-        notes.append(f"C computed as 6*N*D ({why})")
+    out["C"] = _compute_column(df, out, opts, source, notes)
     out["fpt"] = out["C"] / out["D"]
     if "budget" in df.columns:
         _positive(df, "budget", source)
@@ -165,6 +138,40 @@ def prepare_runs(runs, options: FitOptions | None = None, source: str | None = N
                                       "group_id", "loss_se"]]
     out.attrs["notes"] = notes
     return out
+
+
+def _n_column(df: pd.DataFrame, opts: FitOptions, source: str | None, notes: list[str]) -> str:
+    """The column holding N under ``opts.n_convention`` (else a plain ``N``)."""
+    n_col = N_COLUMNS[opts.n_convention]
+    if n_col in df.columns:
+        return n_col
+    if "N" in df.columns:
+        if any(c in df.columns for c in N_COLUMNS.values()):
+            notes.append(f"column {n_col!r} absent; using 'N' as the parameter count")
+        return "N"
+    raise FitInputError(
+        f"missing column for N{_where(source)}: need 'N' or {n_col!r} "
+        f"(n_convention={opts.n_convention!r}); columns present: {list(df.columns)}"
+    )
+
+
+def _compute_column(df: pd.DataFrame, out: pd.DataFrame, opts: FitOptions, source: str | None,
+                    notes: list[str]) -> pd.Series:
+    """C under the chosen FLOPs convention (see FitOptions), from the best column present."""
+    att = opts.flops_convention == "attention"
+    total_col, fpt_col = ("flops", "flops_per_token") if att else ("flops_6n", "flops_per_token_6n")
+    if total_col in df.columns:
+        _positive(df, total_col, source)
+        return df[total_col]
+    if fpt_col in df.columns:
+        _positive(df, fpt_col, source)
+        return df[fpt_col] * out["D"]
+    if att and "C" in df.columns:
+        _positive(df, "C", source)
+        return df["C"]
+    why = "no attention FLOPs column (flops, flops_per_token or C)" if att else "6N convention"
+    notes.append(f"C computed as 6*N*D ({why})")
+    return 6.0 * out["N"] * out["D"]
 
 
 def group_budgets(c: np.ndarray, rel_gap: float = 0.25) -> np.ndarray:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize, minimize_scalar
@@ -372,58 +373,79 @@ def fit_parametric(
             since they are defined by scipy's stopping rules.
     """
     log_n, log_d, log_l = (np.log(np.asarray(x, float)) for x in (n, d, loss))
+    _check_fit_options(log_n, log_d, log_l, reduction=reduction, tol=tol, init=init, method=method)
+    t0 = time.perf_counter()
+    if starts is None:
+        starts = _grid_starts(grid, init, lambda x: objective_batch(x, log_n, log_d, log_l, delta, reduction))
+    starts = np.atleast_2d(np.asarray(starts, float))
+    fun = _make_fun(log_n, log_d, log_l, delta, reduction)
+    # Traps are defined by scipy's own stopping rules, so they run per start in scipy.
+    trap = tol == "default" or init == "best_grid_point"
+    batched = method == "batched" and not trap
+    if batched:
+        scale = 1.0 / len(log_l) if reduction == "mean" else 1.0
+        ends, fends = _batched_descent(starts, log_n, log_d, log_l, delta, scale)
+        polish_starts = _best_distinct(ends, fends, polish)
+    else:
+        polish_starts = starts
+    best, best_f, converged = _polish(fun, polish_starts, TIGHT_OPTIONS if tol == "tight" else {},
+                                      keep_start_if_better=batched)
+    a, b, e, alpha, beta = best
+    with np.errstate(over="ignore"):  # a degenerate fit may send log A to +inf territory
+        E, A, B = float(np.exp(e)), float(np.exp(a)), float(np.exp(b))
+    return ParametricFit(
+        E=E, A=A, B=B, alpha=float(alpha),
+        beta=float(beta), objective=best_f, n_points=len(log_l), n_starts=len(starts),
+        converged_starts=converged, seconds=time.perf_counter() - t0,
+        options={"delta": delta, "reduction": reduction, "tol": tol, "init": init, "grid": grid,
+                 "method": method},
+    )
+
+
+def _check_fit_options(log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray, *,
+                       reduction: str, tol: str, init: str, method: str) -> None:
     if not (len(log_n) == len(log_d) == len(log_l)):
         raise ValueError("n, d and loss must have the same length")
     for name, val, allowed in (("reduction", reduction, ("sum", "mean")), ("tol", tol, ("tight", "default")),
                                ("init", init, ("grid", "best_grid_point")), ("method", method, ("batched", "scipy"))):
         if val not in allowed:
             raise ValueError(f"{name}={val!r} is not one of {allowed}")
-    t0 = time.perf_counter()
-    if starts is None:
-        starts = init_grid(grid)
-        if init == "best_grid_point":
-            obj = objective_batch(starts, log_n, log_d, log_l, delta, reduction)
-            starts = starts[[int(np.argmin(obj))]]
-    starts = np.atleast_2d(np.asarray(starts, float))
-    n_starts = len(starts)
-    fun = _make_fun(log_n, log_d, log_l, delta, reduction)
-    # Traps are defined by scipy's own stopping rules, so they run per start in scipy.
-    trap = tol == "default" or init == "best_grid_point"
-    if method == "batched" and not trap:
-        scale = 1.0 / len(log_l) if reduction == "mean" else 1.0
-        ends, fends = _batched_descent(starts, log_n, log_d, log_l, delta, scale)
-        order = np.argsort(np.where(np.isfinite(fends), fends, np.inf))
-        picked: list[np.ndarray] = []
-        for i in order:  # the best few *distinct* end points go to L-BFGS-B
-            if not np.isfinite(fends[i]) or len(picked) >= polish:
-                break
-            if all(np.abs(ends[i] - q).max() > 1e-6 for q in picked):
-                picked.append(ends[i])
-        polish_starts = np.array(picked)
-    else:
-        polish_starts = starts
-    opts = TIGHT_OPTIONS if tol == "tight" else {}
+
+
+def _grid_starts(grid: str, init: str, objective: Any) -> np.ndarray:
+    """Every grid point, or (the best_grid_point trap) only the one with the lowest objective."""
+    starts = init_grid(grid)
+    return starts[[int(np.argmin(objective(starts)))]] if init == "best_grid_point" else starts
+
+
+def _best_distinct(ends: np.ndarray, fends: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` best *distinct* finite end points of the batched descent (for L-BFGS-B)."""
+    order = np.argsort(np.where(np.isfinite(fends), fends, np.inf))
+    picked: list[np.ndarray] = []
+    for i in order:
+        if not np.isfinite(fends[i]) or len(picked) >= k:
+            break
+        if all(np.abs(ends[i] - q).max() > 1e-6 for q in picked):
+            picked.append(ends[i])
+    return np.array(picked)
+
+
+def _polish(fun: Any, starts: np.ndarray, opts: dict[str, Any], *,
+            keep_start_if_better: bool) -> tuple[np.ndarray, float, int]:
+    """L-BFGS-B from each start: (best point, its objective, how many runs converged).
+    ``keep_start_if_better``: a batched Newton end point that L-BFGS-B made worse is kept."""
     best, best_f, converged = None, np.inf, 0
-    for x0 in polish_starts:
+    for x0 in starts:
         res = minimize(fun, x0, jac=True, method="L-BFGS-B", options=opts)
         converged += bool(res.success)
         f_end, x_end = float(res.fun), res.x
-        if method == "batched" and not trap and fun(x0)[0] < f_end:  # keep the Newton point
+        if keep_start_if_better and fun(x0)[0] < f_end:  # keep the Newton point
             f_end, x_end = fun(x0)[0], x0
         if np.all(np.isfinite(x_end)) and f_end < best_f:
             best, best_f = x_end, f_end
     if best is None:  # pragma: no cover - all starts diverged
         raise RuntimeError("Approach 3: every optimiser start diverged; check the data")
-    a, b, e, alpha, beta = best
-    with np.errstate(over="ignore"):  # a degenerate fit may send log A to +inf territory
-        E, A, B = float(np.exp(e)), float(np.exp(a)), float(np.exp(b))
-    return ParametricFit(
-        E=E, A=A, B=B, alpha=float(alpha),
-        beta=float(beta), objective=best_f, n_points=len(log_l), n_starts=n_starts,
-        converged_starts=converged, seconds=time.perf_counter() - t0,
-        options={"delta": delta, "reduction": reduction, "tol": tol, "init": init, "grid": grid,
-                 "method": method},
-    )
+    return best, best_f, converged
 
 
 def theta_of(fit: ParametricFit) -> np.ndarray:

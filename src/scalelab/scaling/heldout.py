@@ -7,7 +7,8 @@ Here every finished point's final checkpoint is scored, in the sweep process, on
 the split. The standard error is the spread of the per-window mean losses over sqrt(windows)
 (windows, not tokens, are the independent units: tokens of one window are correlated).
 
-Only torch and the model are imported here (lazily): no MLflow (the caller logs the numbers).
+Only torch, the model and the checkpoint reader are imported here (lazily): no MLflow (the
+caller logs the numbers).
 """
 
 from __future__ import annotations
@@ -71,28 +72,11 @@ def loss_and_se(per_window: np.ndarray) -> tuple[float, float]:
     return float(w.mean()), se
 
 
-def load_model(ckpt_path: Path) -> Any:
-    """The Transformer of a scalelab checkpoint (weights only: no pickled code runs)."""
-    import torch
-
-    from scalelab.model import Transformer
-    from scalelab.model.config import ModelConfig
-
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    cfg = (ckpt.get("scalelab_run") or {}).get("model_config") or \
-        ckpt.get("hyper_parameters", {}).get("model_cfg")
-    if not cfg:
-        raise ValueError(f"{ckpt_path}: no model config in the checkpoint")
-    model = Transformer(ModelConfig.from_dict(dict(cfg)))
-    sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()
-          if k.startswith("model.")}
-    model.load_state_dict(sd)
-    return model
-
-
 def evaluate_checkpoint(ckpt_path: Path, heldout: HeldoutSet, threads: int = 1) -> dict[str, float]:
     """{final/heldout_loss, final/heldout_se, final/heldout_tokens} of one checkpoint."""
     import torch
+
+    from scalelab.training.checkpoint import load_model
 
     old = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))

@@ -21,8 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from scalelab.model.accounting import N_CONVENTIONS, n_counts
+from scalelab.model.accounting import N_CONVENTIONS
 from scalelab.model.config import ModelConfig
+from scalelab.tracking.params import accounting
+from scalelab.training.schedules import wsd_decay_start
 
 LR_RULES = ("fixed", "inverse_width")
 MODES = ("isoflop", "grid")
@@ -122,6 +124,13 @@ class SweepSpec:
     clip_sizes: bool = False
 
     def __post_init__(self) -> None:
+        self._check_choices()
+        self._check_targets()
+        self._check_rule()
+        self._check_tune()
+        self._check_variants_and_wsd()
+
+    def _check_choices(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"sweep.mode={self.mode!r}: choose one of {', '.join(MODES)}")
         if self.n_convention not in N_CONVENTIONS:
@@ -129,6 +138,9 @@ class SweepSpec:
                 f"sweep.n_convention={self.n_convention!r}: choose one of {', '.join(N_CONVENTIONS)}")
         if self.lr_rule not in LR_RULES:
             raise ValueError(f"sweep.lr_rule={self.lr_rule!r}: choose one of {', '.join(LR_RULES)}")
+
+    def _check_targets(self) -> None:
+        """The budgets (isoflop) or the N and D grid (grid)."""
         self.budgets = [float(c) for c in self.budgets]
         self.grid_params = [float(x) for x in self.grid_params]
         self.grid_tokens = [float(x) for x in self.grid_tokens]
@@ -151,6 +163,9 @@ class SweepSpec:
                                  "grid_tokens=[1e6,4e6]")
             if any(x <= 0 for x in self.grid_params + self.grid_tokens):
                 raise ValueError("sweep.grid_params and sweep.grid_tokens must be > 0")
+
+    def _check_rule(self) -> None:
+        """The per-size optimisation rule and the run limits."""
         for key in ("tokens_per_param", "lr", "min_tokens_per_param"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"sweep.{key}={getattr(self, key)!r}: must be > 0")
@@ -161,6 +176,9 @@ class SweepSpec:
         _positive_int("sweep.min_steps", self.min_steps)
         _positive_int("sweep.seeds", self.seeds)
         _positive_int("sweep.tune_sizes", self.tune_sizes)
+
+    def _check_tune(self) -> None:
+        """The lr tune stage, or a measured lr law."""
         self.tune_lr_factors = [float(x) for x in self.tune_lr_factors]
         self.tune_budgets = [float(x) for x in self.tune_budgets]
         if self.tune_lr_factors and (len(set(self.tune_lr_factors)) < 3
@@ -178,6 +196,8 @@ class SweepSpec:
                 raise ValueError(f"sweep.lr_law={self.lr_law!r}: give {{coef: c, exponent: k}} "
                                  "with c > 0 (lr = c * N^k), or null")
             self.lr_law = {"coef": float(law["coef"]), "exponent": float(law["exponent"])}
+
+    def _check_variants_and_wsd(self) -> None:
         self.variants = {str(k): list(v) for k, v in dict(self.variants or {}).items()}
         for k, v in self.variants.items():
             if not v:
@@ -274,10 +294,6 @@ class PlanPoint:
         if self.replicate:
             out += f"-s{self.replicate}"
         return out
-
-    def n_by(self, convention: str) -> int:
-        return {"matmul": self.n_params_matmul, "non_embedding": self.n_params_non_embedding,
-                "total": self.n_params}[convention]
 
     def optim_overrides(self, min_lr_ratio: float, beta2: float) -> dict[str, Any]:
         d = {"optim.lr": self.lr, "optim.warmup_steps": self.warmup_steps,
@@ -600,11 +616,6 @@ def _finalize(plan: Plan) -> None:
     plan.points = points
 
 
-def wsd_decay_start(total_steps: int, decay_fraction: float, warmup_steps: int) -> int:
-    """First decaying step of a WSD run; the same rule as training.schedules.wsd_schedule."""
-    return max(warmup_steps, total_steps - max(1, round(decay_fraction * total_steps)))
-
-
 def _wsd_branches(mains: list[PlanPoint], spec: SweepSpec) -> list[PlanPoint]:
     """WSD: every point decays over its last wsd_decay_fraction of steps, and for each fraction
     q < 1 of its D a cooldown branch of round(q * steps) steps starts from the point's own
@@ -646,8 +657,7 @@ def _point(cfg: ModelConfig, budget: float, tokens: float, tps: int, variant: st
     steps = max(1, round(tokens / tps))
     return PlanPoint(
         variant=variant, budget=budget, n_layers=cfg.n_layers, d_model=cfg.d_model,
-        n_heads=cfg.n_heads, **n_counts(cfg), flops_per_token=cfg.flops_per_token(seq_len=seq_len),
-        flops_per_token_6n=cfg.flops_per_token(attention=False), tokens=steps * tps, steps=steps,
+        n_heads=cfg.n_heads, **accounting(cfg, seq_len), tokens=steps * tps, steps=steps,
         tokens_per_step=tps, lr=0.0, warmup_steps=0, model_overrides=model_over,
         extra_overrides=dict(extra), size_index=size_index)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scalelab.files import atomic_save_with, atomic_write_text
+from scalelab.data.files import atomic_save_with, atomic_write_text
 
 from .fit import Estimate, ScalingResults, VariantFit
 from .fit_synthetic import CHINCHILLA, EPOCH_2024
@@ -311,8 +311,34 @@ def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    md = ["# Scaling-law report", ""]
+    md = _header_md(results)
+    if plan is not None:
+        md += ["## Plan", "", _md_table(pd.DataFrame(plan)), ""]
+    if tune is not None:
+        md += _tune_md(tune, out)
+        written.append(out / "tune.png")
+    elif lr_law:
+        md += ["## Hyperparameters per size", "",
+               f"Every point's peak lr from the measured law lr\\*(N) = {lr_law['coef']:.4g} · "
+               f"N^{lr_law['exponent']:.3f} (sweep.lr_law, e.g. an earlier tune stage's law.json).",
+               ""]
+    for vf in results.variants.values():
+        plots = _variant_plots(results, vf, out)
+        written += [out / name for name in plots.values()]
+        md += _variant_md(results, vf, plots)
+    if results.comparison is not None:
+        md += _comparison_md(results)
+    path = out / "report.md"
+    atomic_write_text(path, "\n".join(md))
+    written.append(path)
+    written.append(write_html(path))
+    return written
+
+
+def _header_md(results: ScalingResults) -> list[str]:
+    """Title, the conventions, the one FLOPs convention, and the fit notes."""
     opts = results.options
+    md = ["# Scaling-law report", ""]
     md += [f"Conventions: N = {opts.n_convention} parameters, FLOPs = {opts.flops_convention}; "
            f"approaches {', '.join(map(str, opts.approaches))}; reference compute "
            f"C = {results.reference_compute:.3g}.", ""]
@@ -326,44 +352,37 @@ def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
            "optimal loss, the hold-out check and the variants' compute multipliers) all use it; "
            "none uses 6ND unless the data do.", ""]
     md += [f"- note: {n}" for n in results.notes] + ([""] if results.notes else [])
-    if plan is not None:
-        md += ["## Plan", "", _md_table(pd.DataFrame(plan)), ""]
-    if tune is not None:
-        md += _tune_md(tune, out)
-        written.append(out / "tune.png")
-    elif lr_law:
-        md += ["## Hyperparameters per size", "",
-               f"Every point's peak lr from the measured law lr\\*(N) = {lr_law['coef']:.4g} · "
-               f"N^{lr_law['exponent']:.3f} (sweep.lr_law, e.g. an earlier tune stage's law.json).",
-               ""]
-    for vf in results.variants.values():
-        sfx = _suffix(results, vf)
-        plots: dict[str, str] = {}
-        jobs = [("loss vs tokens", f"loss_vs_tokens{sfx}.png", plot_loss_vs_tokens, True),
-                ("IsoFLOP profiles", f"isoflop{sfx}.png", plot_isoflop, True),
-                ("compute-optimal frontier", f"frontier{sfx}.png",
-                 lambda v, p: plot_frontier(v, p, opts.ci), any((vf.approach1, vf.approach2, vf.approach3))),
-                ("parametric fit", f"parametric{sfx}.png", plot_parametric, vf.approach3 is not None)]
-        for title, name, fn, enabled in jobs:
-            if enabled:
-                written.append(fn(vf, out / name))
-                plots[title] = name
-        md += _variant_md(results, vf, plots)
-    if results.comparison is not None:
-        md += ["## Variant comparison", "",
-               f"Each variant against `{next(iter(results.variants))}`. loss_ratio = predicted compute-optimal "
-               f"loss (Approach 3) at C = {results.reference_compute:.3g}, variant / baseline, with a "
-               f"bootstrap interval; < 1 means the variant is better there. `significant`: the interval "
-               f"excludes 1. `compute_multiplier` = C' / C where the baseline's compute-optimal loss "
-               f"at C' equals the variant's at C = {results.reference_compute:.3g} (Approach 3, the "
-               f"data's FLOPs convention): how much more compute the baseline needs for the "
-               f"variant's loss (> 1: the variant is better), with its bootstrap interval.", "",
-               _md_table(results.comparison), ""]
-    path = out / "report.md"
-    atomic_write_text(path, "\n".join(md))
-    written.append(path)
-    written.append(write_html(path))
-    return written
+    return md
+
+
+def _variant_plots(results: ScalingResults, vf: VariantFit, out: Path) -> dict[str, str]:
+    """Draw one variant's plots into ``out``: {title: file name} of those drawn."""
+    sfx = _suffix(results, vf)
+    plots: dict[str, str] = {}
+    jobs = [("loss vs tokens", f"loss_vs_tokens{sfx}.png", plot_loss_vs_tokens, True),
+            ("IsoFLOP profiles", f"isoflop{sfx}.png", plot_isoflop, True),
+            ("compute-optimal frontier", f"frontier{sfx}.png",
+             lambda v, p: plot_frontier(v, p, results.options.ci),
+             any((vf.approach1, vf.approach2, vf.approach3))),
+            ("parametric fit", f"parametric{sfx}.png", plot_parametric, vf.approach3 is not None)]
+    for title, name, fn, enabled in jobs:
+        if enabled:
+            fn(vf, out / name)
+            plots[title] = name
+    return plots
+
+
+def _comparison_md(results: ScalingResults) -> list[str]:
+    c = results.reference_compute
+    return ["## Variant comparison", "",
+            f"Each variant against `{next(iter(results.variants))}`. loss_ratio = predicted compute-optimal "
+            f"loss (Approach 3) at C = {c:.3g}, variant / baseline, with a "
+            f"bootstrap interval; < 1 means the variant is better there. `significant`: the interval "
+            f"excludes 1. `compute_multiplier` = C' / C where the baseline's compute-optimal loss "
+            f"at C' equals the variant's at C = {c:.3g} (Approach 3, the "
+            f"data's FLOPs convention): how much more compute the baseline needs for the "
+            f"variant's loss (> 1: the variant is better), with its bootstrap interval.", "",
+            _md_table(results.comparison), ""]
 
 
 HTML_STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"

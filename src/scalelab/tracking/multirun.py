@@ -7,11 +7,11 @@ read it. Each job that ends sets the parent's status to its own outcome (the las
 
 from __future__ import annotations
 
-import fcntl
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from scalelab.data.files import locked
 from scalelab.tracking.run import _get_or_create_experiment
 
 PARENT_FILE = "mlflow_parent_run_id"
@@ -23,8 +23,7 @@ def parent_run_id(tracking_uri: str, experiment_name: str, sweep_dir: Path, name
     """The multirun's parent run id (created on first call)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     id_file = sweep_dir / PARENT_FILE
-    with open(sweep_dir / f".{PARENT_FILE}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(sweep_dir / f".{PARENT_FILE}.lock"):
         if id_file.is_file() and id_file.read_text().strip():
             return id_file.read_text().strip()
         client = MlflowClient(tracking_uri=tracking_uri)

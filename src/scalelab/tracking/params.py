@@ -7,13 +7,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalelab.model import ModelConfig
 from scalelab.model.accounting import n_counts
+from scalelab.model.config import ModelConfig  # not scalelab.model: planning stays torch-free
 
 SHAPE_KEYS = (
     "arch", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "norm", "norm_position",
     "mlp", "position", "vocab_size", "tie_embeddings", "dropout",
 )
+
+
+def accounting(model: ModelConfig, seq_len: int) -> dict[str, int]:
+    """N under each convention and training FLOPs per token (with and without attention): the
+    record every run logs and the sweep planner stores on each point, from this one function."""
+    return {
+        **n_counts(model),  # n_params, n_params_non_embedding, n_params_matmul
+        "flops_per_token": model.flops_per_token(training=True, attention=True, seq_len=seq_len),
+        "flops_per_token_6n": model.flops_per_token(training=True, attention=False, seq_len=seq_len),
+    }
 
 
 def run_params(
@@ -41,19 +51,16 @@ def run_params(
         p["n_encoder_layers"] = model.encoder_layers
         p["n_decoder_layers"] = model.decoder_layers
     tokens = max_steps * tokens_per_step
-    fpt = model.flops_per_token(training=True, attention=True, seq_len=seq_len)
-    fpt_6n = model.flops_per_token(training=True, attention=False, seq_len=seq_len)
+    acct = accounting(model, seq_len)
     p.update(
         objective=objective,
         block_size=seq_len,
         seq_len=seq_len,
-        **n_counts(model),  # n_params, n_params_non_embedding, n_params_matmul
-        flops_per_token=fpt,
-        flops_per_token_6n=fpt_6n,
+        **acct,
         max_steps=max_steps,
         tokens_budget=tokens,
-        compute=fpt * tokens,
-        compute_6n=fpt_6n * tokens,
+        compute=acct["flops_per_token"] * tokens,
+        compute_6n=acct["flops_per_token_6n"] * tokens,
         lr=lr,
         global_batch_sequences=global_batch_sequences,
         global_batch_tokens=tokens_per_step,

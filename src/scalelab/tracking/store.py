@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
 import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from scalelab.data.files import locked
 
 
 class TrackingServerUnreachable(RuntimeError):
@@ -44,14 +44,8 @@ def sqlite_init_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///"):
         yield
         return
-    lock = Path(uri[len("sqlite:///"):] + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with locked(Path(uri[len("sqlite:///"):] + ".lock")):
+        yield
 
 
 def experiment_artifact_location(uri: str, artifact_root: str | None, name: str) -> str | None:
@@ -99,9 +93,3 @@ def _unreachable(uri: str, why: str) -> str:
         "unset it to use the embedded store (sqlite:///<repo>/mlruns.db), or pass logger=none."
     )
 
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}

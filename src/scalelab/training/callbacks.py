@@ -8,7 +8,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from scalelab.training.perf import peak_flops
+from scalelab.training.perf import mfu, peak_flops
 
 
 def _process_start() -> float:
@@ -119,7 +119,7 @@ class ThroughputMonitor(pl.Callback):
             "perf/flops_per_sec_per_device": flops / dt / w,
         }
         if self.peak:
-            out["perf/mfu"] = flops / dt / (self.peak * w)
+            out["perf/mfu"] = mfu(flops / dt / w, self.peak)
         return out
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:

@@ -14,6 +14,14 @@
   best.ckpt that verifies, and reports the ones it skipped.
 - Matching (``check_compatible``): the checkpoint's model shape, objective and tokenizer against
   the run about to use it, before any run folder or MLflow run is touched.
+- The keys scalelab adds to Lightning's dict (``STATE_KEY``, ``RUN_KEY``, ``RNG_KEY``), who
+  writes them (``module_state``, ``add_run_meta``, ``add_rng_state``) and how they read back
+  (``model_config``, ``run_meta``, ``restore_rng_state``, ``load_model``). The model config is
+  stored once, in Lightning's ``hyper_parameters["model_cfg"]`` (``RUN_KEY["model_config"]``
+  only where there are no hyper_parameters: imported models). Checkpoints written before that
+  stored it three times; they read the same.
+- FSDP: a sharded folder read without unpickling arbitrary objects, and consolidated into one
+  plain file (``consolidate_checkpoint``, ``consolidated_if_sharded``).
 """
 
 from __future__ import annotations
@@ -24,17 +32,23 @@ import hashlib
 import io
 import os
 import pickle
+import random
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning_fabric.plugins import TorchCheckpointIO
 
-from scalelab.files import atomic_write_json, fsync_dir, temp_path_for
+from scalelab.data.files import atomic_write_json, fsync_dir, temp_path_for
 
 SIDECAR_SUFFIX = ".sha256"
+HPARAMS_KEY = "hyper_parameters"  # Lightning's: the module's arguments, "model_cfg" among them
+STATE_KEY = "scalelab"  # the module's counters: objective, tokens_seen, flops_seen
+RUN_KEY = "scalelab_run"  # the run: objective, tokenizer spec, block_size, data, MLflow run id
+RNG_KEY = "scalelab_rng"  # torch / cuda / numpy / python RNG states, restored on resume
 # ModelConfig keys that change how weights are initialised or regularised, not their shapes:
 # a checkpoint trained with other values still continues correctly.
 _NOT_SHAPE_KEYS = frozenset({"dropout", "init_std", "scale_residual_init"})
@@ -178,9 +192,95 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         ckpt = extra
     else:
         ckpt = read_checkpoint(path)
-    meta = dict(ckpt.get("scalelab_run") or {})
+    meta = run_meta(ckpt)
     meta["global_step"] = int(ckpt.get("global_step", 0))
     return meta
+
+
+# --- the keys scalelab adds, written and read here only ------------------------------------
+def module_state(objective: str, tokens_seen: int, flops_seen: float) -> dict[str, Any]:
+    """``checkpoint[STATE_KEY]``: what the LightningModule restores on resume."""
+    return {"objective": objective, "tokens_seen": int(tokens_seen), "flops_seen": float(flops_seen)}
+
+
+def read_module_state(checkpoint: Mapping[str, Any]) -> tuple[int, float]:
+    """(tokens_seen, flops_seen) of a checkpoint (0 for one without them)."""
+    state = checkpoint.get(STATE_KEY) or {}
+    return int(state.get("tokens_seen", 0)), float(state.get("flops_seen", 0.0))
+
+
+def add_run_meta(checkpoint: dict[str, Any], meta: Mapping[str, Any]) -> None:
+    """Store the run's plain-data ``meta`` under ``RUN_KEY``; its model config only where
+    Lightning's hyper_parameters do not already hold it (the config is stored once)."""
+    run = dict(meta)
+    if (checkpoint.get(HPARAMS_KEY) or {}).get("model_cfg"):
+        run.pop("model_config", None)
+    checkpoint[RUN_KEY] = run
+
+
+def model_config(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ModelConfig dict a checkpoint carries (None if it has none)."""
+    found = ((checkpoint.get(HPARAMS_KEY) or {}).get("model_cfg")
+             or (checkpoint.get(RUN_KEY) or {}).get("model_config")
+             or (checkpoint.get(STATE_KEY) or {}).get("model_cfg"))  # the old third copy
+    return dict(found) if found else None
+
+
+def run_meta(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """What scalelab-train stored about the run, with ``model_config`` filled in."""
+    meta = dict(checkpoint.get(RUN_KEY) or {})
+    cfg = model_config(checkpoint)
+    if cfg:
+        meta["model_config"] = cfg
+    return meta
+
+
+def model_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The Transformer's own weights (the LightningModule's ``model.`` prefix removed)."""
+    sd = checkpoint["state_dict"]
+    out = {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
+    return out or dict(sd)
+
+
+def load_model(path: str | Path) -> Any:
+    """The Transformer of a checkpoint file (weights only: no pickled code runs)."""
+    from scalelab.model import ModelConfig, Transformer
+
+    ckpt = read_checkpoint(path)
+    cfg = model_config(ckpt)
+    if not cfg:
+        raise CheckpointError(f"{path}: no model config in the checkpoint (not from scalelab-train?)")
+    model = Transformer(ModelConfig.from_dict(cfg))
+    model.load_state_dict(model_state_dict(ckpt))
+    return model
+
+
+def add_rng_state(checkpoint: dict[str, Any]) -> None:
+    """Store the RNG states as plain tensors/lists, so dropout and masking continue the same
+    random stream on resume and the file still loads with weights_only=True."""
+    np_state = np.random.get_state()
+    version, state, gauss = random.getstate()
+    checkpoint[RNG_KEY] = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [str(np_state[0]), torch.from_numpy(np_state[1].astype(np.int64)),
+                  int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": [version, list(state), gauss],
+    }
+
+
+def restore_rng_state(checkpoint: Mapping[str, Any]) -> None:
+    """Undo ``add_rng_state`` (no-op for a checkpoint without RNG states)."""
+    rng = checkpoint.get(RNG_KEY)
+    if not rng:
+        return
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    name, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, state, gauss = rng["python"]
+    random.setstate((version, tuple(state), gauss))
 
 
 # --- verifying and choosing -----------------------------------------------------------------
@@ -376,3 +476,40 @@ def read_sharded(folder: str | Path) -> dict[str, Any]:
     if opt_keys:
         checkpoint["optimizer_states"] = [checkpoint.pop(f"optimizer_{i}") for i in range(len(opt_keys))]
     return checkpoint
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """A folder written by FSDP with state_dict_type=sharded (torch.distributed.checkpoint)."""
+    p = Path(path)
+    return p.is_dir() and (p / ".metadata").is_file()
+
+
+def consolidate_checkpoint(sharded: str | Path, output: str | Path | None = None) -> Path:
+    """Merge a sharded FSDP checkpoint folder into one ordinary Lightning ``.ckpt`` file.
+
+    Same as ``python -m pytorch_lightning.utilities.consolidate_checkpoint DIR``: the result has
+    ``state_dict`` and ``optimizer_states`` like a single-device checkpoint, so sampling and
+    export load it with ``torch.load(weights_only=True)`` and a non-FSDP run can resume from it.
+    Runs on CPU in one process. Default output: ``<folder>.consolidated.ckpt`` next to it.
+    """
+    src = Path(sharded)
+    if not is_sharded_checkpoint(src):
+        raise FileNotFoundError(
+            f"{src} is not a sharded checkpoint folder (no .metadata inside); pass the folder "
+            "that trainer.strategy=fsdp with trainer.fsdp.state_dict_type=sharded wrote"
+        )
+    out = Path(output) if output is not None else src.with_name(src.name + ".consolidated.ckpt")
+    # not Lightning's _load_distributed_checkpoint: it unpickles .metadata and meta.pt freely
+    write_checkpoint(read_sharded(src), out)
+    return out
+
+
+def consolidated_if_sharded(p: Path) -> Path:
+    """An FSDP sharded checkpoint folder -> its plain ``<folder>.consolidated.ckpt`` (made once,
+    remade when the folder is newer); anything else unchanged."""
+    if not is_sharded_checkpoint(p):
+        return p
+    out = p.with_name(p.name + ".consolidated.ckpt")
+    if not out.is_file() or out.stat().st_mtime < (p / ".metadata").stat().st_mtime:
+        consolidate_checkpoint(p, out)
+    return out

@@ -5,8 +5,10 @@ becomes an OmegaConf structured config, and OmegaConf 2.3 rejects PEP 604 unions
 """
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
+
+from scalelab.data.config import from_dict_checked
 
 SCHEDULES = ("cosine", "wsd", "constant")
 DECAY_SHAPES = ("linear", "cosine", "sqrt")
@@ -78,10 +80,4 @@ class OptimConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "OptimConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(
-                f"optim: unknown key(s) {unknown}; valid keys are {sorted(known)}"
-            )
-        return cls(**d)
+        return from_dict_checked(cls, d, "optim")

@@ -248,7 +248,7 @@ def build_strategy(
     ``ddp``: gloo on CPU, nccl on GPU (Lightning's choice); ``fsdp``: one FSDP unit per transformer
     block, MixedPrecision from ``fsdp.mixed_precision`` (or the Trainer precision), and
     ``fsdp.state_dict_type`` (``sharded`` = each rank writes its shard, resumable; convert with
-    :func:`consolidate_checkpoint`). Anything else goes to Lightning unchanged. Under torchrun
+    :func:`scalelab.training.checkpoint.consolidate_checkpoint`). Anything else goes to Lightning unchanged. Under torchrun
     or SLURM Lightning picks TorchElasticEnvironment / SLURMEnvironment and starts no processes.
     """
     release_distributed()  # a previous job in this process may have left its ranks' state
@@ -280,38 +280,6 @@ def build_strategy(
             **opts,
         )
     return strategy
-
-
-# --- FSDP sharded checkpoints ---------------------------------------------------------------
-
-
-def is_sharded_checkpoint(path: str | Path) -> bool:
-    """A folder written by FSDP with state_dict_type=sharded (torch.distributed.checkpoint)."""
-    p = Path(path)
-    return p.is_dir() and (p / ".metadata").is_file()
-
-
-def consolidate_checkpoint(sharded: str | Path, output: str | Path | None = None,
-                           ) -> Path:
-    """Merge a sharded FSDP checkpoint folder into one ordinary Lightning ``.ckpt`` file.
-
-    Same as ``python -m pytorch_lightning.utilities.consolidate_checkpoint DIR``: the result has
-    ``state_dict`` and ``optimizer_states`` like a single-device checkpoint, so sampling and
-    export load it with ``torch.load(weights_only=True)`` and a non-FSDP run can resume from it.
-    Runs on CPU in one process. Default output: ``<folder>.consolidated.ckpt`` next to it.
-    """
-    from scalelab.training.checkpoint import read_sharded, write_checkpoint
-
-    src = Path(sharded)
-    if not is_sharded_checkpoint(src):
-        raise FileNotFoundError(
-            f"{src} is not a sharded checkpoint folder (no .metadata inside); pass the folder "
-            "that trainer.strategy=fsdp with trainer.fsdp.state_dict_type=sharded wrote"
-        )
-    out = Path(output) if output is not None else src.with_name(src.name + ".consolidated.ckpt")
-    # not Lightning's _load_distributed_checkpoint: it unpickles .metadata and meta.pt freely
-    write_checkpoint(read_sharded(src), out)
-    return out
 
 
 # --- one local job per device (joblib) ------------------------------------------------------

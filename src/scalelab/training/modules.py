@@ -26,13 +26,13 @@ from torch import nn
 
 from scalelab.model import ModelConfig, Transformer
 from scalelab.model.variants import OBJECTIVE_OF_ARCH
+from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
 from scalelab.training.optim import GroupSummary, build_optimizer
 from scalelab.training.schedules import build_lr_lambda
 
 IGNORE_INDEX = -100
 LN2 = math.log(2.0)
-CKPT_KEY = "scalelab"  # our entry in the Lightning checkpoint dict
 
 
 def bits_per_byte(loss_nats_per_token: float, bytes_per_token: float) -> float:
@@ -104,18 +104,7 @@ class LMModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
-        if self.arch and mcfg.arch != self.arch:
-            raise ValueError(
-                f"model.arch={mcfg.arch!r} does not fit the {self.objective} objective "
-                f"({type(self).__name__}); it needs model.arch={self.arch!r}"
-            )
-        if isinstance(total_steps, bool) or int(total_steps) != total_steps or total_steps < 1:
-            raise ValueError(
-                f"total_steps={total_steps!r}: must be a positive integer (optimizer steps of the "
-                "run, e.g. trainer.max_steps); the lr schedule is laid out over it"
-            )
-        if bytes_per_token is not None and not bytes_per_token > 0:
-            raise ValueError(f"bytes_per_token={bytes_per_token!r}: must be > 0 or None")
+        self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
         self.total_steps = int(total_steps)
         self.bytes_per_token = None if bytes_per_token is None else float(bytes_per_token)
@@ -126,20 +115,7 @@ class LMModule(pl.LightningModule):
         self.sample_tokens = int(sample_tokens)
         self.sample_temperature = float(sample_temperature)
         self.sample_top_k = sample_top_k
-        # Plain types only, so checkpoints load with torch.load(weights_only=True).
-        self.save_hyperparameters({
-            "model_cfg": mcfg.to_dict(),
-            "optim_cfg": asdict(ocfg),
-            "total_steps": self.total_steps,
-            "bytes_per_token": self.bytes_per_token,
-            "compile": self.use_compile,
-            "activation_checkpointing": bool(activation_checkpointing),
-            "sample_every_val": self.sample_every_val,
-            "sample_prompt": sample_prompt,
-            "sample_tokens": self.sample_tokens,
-            "sample_temperature": self.sample_temperature,
-            "sample_top_k": sample_top_k,
-        })
+        self._save_plain_hyperparameters(bool(activation_checkpointing))
         self.model = Transformer(mcfg)
         self.model.set_activation_checkpointing(activation_checkpointing)
         self._compiled: nn.Module | None = None  # kept out of _modules: state_dict keys stay clean
@@ -155,6 +131,37 @@ class LMModule(pl.LightningModule):
         self._win_loss: torch.Tensor | None = None  # loss sum over the accumulation window
         self._win_n = 0
         self._val: dict[str, torch.Tensor] = {}
+
+    def _check_args(self, mcfg: ModelConfig, total_steps: int, bytes_per_token: float | None) -> None:
+        if self.arch and mcfg.arch != self.arch:
+            raise ValueError(
+                f"model.arch={mcfg.arch!r} does not fit the {self.objective} objective "
+                f"({type(self).__name__}); it needs model.arch={self.arch!r}"
+            )
+        if isinstance(total_steps, bool) or int(total_steps) != total_steps or total_steps < 1:
+            raise ValueError(
+                f"total_steps={total_steps!r}: must be a positive integer (optimizer steps of the "
+                "run, e.g. trainer.max_steps); the lr schedule is laid out over it"
+            )
+        if bytes_per_token is not None and not bytes_per_token > 0:
+            raise ValueError(f"bytes_per_token={bytes_per_token!r}: must be > 0 or None")
+
+    def _save_plain_hyperparameters(self, activation_checkpointing: bool) -> None:
+        # Plain types only, so checkpoints load with torch.load(weights_only=True). The model
+        # config is stored here only (see training.checkpoint).
+        self.save_hyperparameters({
+            "model_cfg": self.model_cfg.to_dict(),
+            "optim_cfg": asdict(self.optim_cfg),
+            "total_steps": self.total_steps,
+            "bytes_per_token": self.bytes_per_token,
+            "compile": self.use_compile,
+            "activation_checkpointing": activation_checkpointing,
+            "sample_every_val": self.sample_every_val,
+            "sample_prompt": self.sample_prompt,
+            "sample_tokens": self.sample_tokens,
+            "sample_temperature": self.sample_temperature,
+            "sample_top_k": self.sample_top_k,
+        })
 
     # --- model ---------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -415,17 +422,10 @@ class LMModule(pl.LightningModule):
 
     # --- checkpoints ----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[CKPT_KEY] = {
-            "objective": self.objective,
-            "tokens_seen": int(self.tokens_seen),
-            "flops_seen": float(self.flops_seen),
-            "model_cfg": self.model_cfg.to_dict(),
-        }
+        checkpoint[STATE_KEY] = module_state(self.objective, self.tokens_seen, self.flops_seen)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get(CKPT_KEY, {})
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.flops_seen = float(state.get("flops_seen", 0.0))
+        self.tokens_seen, self.flops_seen = read_module_state(checkpoint)
 
 
 class CausalLM(LMModule):
@@ -537,24 +537,3 @@ def module_class(objective_or_arch: str) -> type[LMModule]:
         )
     return OBJECTIVES[key]
 
-
-def load_checkpoint(
-    path: Any, map_location: Any = "cpu", tokenizer: Any = None, **overrides: Any
-) -> LMModule:
-    """Rebuild the module of a Lightning checkpoint, read with ``torch.load(weights_only=True)``.
-
-    The class comes from the checkpoint's objective; ``overrides`` replace saved hyperparameters.
-    """
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    hp = dict(ckpt.get("hyper_parameters", {}))
-    if "model_cfg" not in hp:
-        raise ValueError(f"{path}: not a scalelab checkpoint (no hyper_parameters.model_cfg)")
-    objective = ckpt.get(CKPT_KEY, {}).get("objective") or ARCH_TO_OBJECTIVE[hp["model_cfg"]["arch"]]
-    cls = module_class(objective)
-    hp.update(overrides)
-    if cls is not Seq2Seq:
-        hp.pop("eos_token_id", None)
-    module = cls(**hp, tokenizer=tokenizer)
-    module.load_state_dict(ckpt["state_dict"])
-    module.on_load_checkpoint(ckpt)
-    return module

@@ -130,3 +130,18 @@ def peak_flops(device: str | torch.device, precision: str | int | None = "32-tru
     if device.type == "cpu" and dtype == torch.float16:
         dtype = torch.bfloat16  # CPU autocast for "16-mixed" is not used; bf16 is the CPU half type
     return measure_matmul_flops(device, dtype)
+
+
+def mfu(flops_per_sec_per_device: float, peak_per_device: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s per device / the device's peak FLOP/s."""
+    return flops_per_sec_per_device / peak_per_device
+
+
+def run_mfu(flops_per_sec_per_device: float, accelerator: str, precision: str) -> float | None:
+    """MFU of a run on ``accelerator`` (Lightning's name: cpu, gpu, cuda, auto) at ``precision``;
+    None when the peak cannot be had (MFU is informative only)."""
+    try:
+        use_cuda = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+        return mfu(flops_per_sec_per_device, peak_flops("cuda" if use_cuda else "cpu", precision))
+    except Exception:
+        return None

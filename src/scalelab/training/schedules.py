@@ -41,6 +41,11 @@ def cosine_schedule(total_steps: int, warmup_steps: int, min_lr_ratio: float) ->
     return f
 
 
+def wsd_decay_start(total_steps: int, decay_fraction: float, warmup_steps: int) -> int:
+    """First decaying step of a WSD run (the sweep planner branches cooldowns off it)."""
+    return max(warmup_steps, total_steps - max(1, round(decay_fraction * total_steps)))
+
+
 def wsd_schedule(
     total_steps: int,
     warmup_steps: int,
@@ -55,8 +60,7 @@ def wsd_schedule(
     """
     _check(total_steps, warmup_steps)
     last = total_steps - 1
-    n_decay = max(1, round(decay_fraction * total_steps))
-    decay_start = max(warmup_steps, total_steps - n_decay)
+    decay_start = wsd_decay_start(total_steps, decay_fraction, warmup_steps)
     shapes: dict[str, Callable[[float], float]] = {
         "linear": lambda p: 1.0 - p,
         "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p)),
