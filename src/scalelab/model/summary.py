@@ -7,7 +7,6 @@ needs torch).
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from .config import ModelConfig
@@ -77,40 +76,24 @@ def _totals(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def render_summary(cfg: ModelConfig, seq_len: int | None = None) -> str:
-    """The summary as text (rich-rendered tables when rich is available)."""
+    """The summary as a plain-text table: model/ imports only torch and the standard library,
+    so this is formatted by hand rather than with rich."""
     s = summarize(cfg, seq_len)
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # pragma: no cover - rich is a dependency of scalelab, not of model/
-        return _plain(cfg, s)
-    console = Console(record=True, file=io.StringIO(), width=120, color_system=None)
-    table = Table(title=_shape(cfg), title_justify="left")
-    for col, justify in (("component", "left"), ("count", "right"), ("params each", "right"),
-                         ("params", "right"), ("% of N", "right"), ("fwd FLOPs/token", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for r in s["rows"]:
-        table.add_row(r["name"], str(r["count"]), f"{r['params_each']:,}", f"{r['params']:,}",
-                      f"{100 * r['share']:.2f}", f"{r['fwd_flops']:,}")
-    for stack, b in s["per_block"].items():
-        table.add_row(f"= one {stack} block", "", f"{b['params']:,}", "", "",
-                      f"{b['fwd_flops']:,}", style="bold")
-    table.add_row("= total", "", "", f"{s['n_params']:,}", "100.00",
-                  f"{s['flops_per_token_forward']:,}", style="bold")
-    totals = Table(show_header=False)
-    totals.add_column("quantity")
-    totals.add_column("value", justify="right")
-    for k, v in _totals(s):
-        totals.add_row(k, v)
-    console.print(table)
-    console.print(totals)
-    return console.export_text()
+    header = ("component", "count", "params each", "params", "% of N", "fwd FLOPs/token")
+    rows = [(r["name"], str(r["count"]), f"{r['params_each']:,}", f"{r['params']:,}",
+             f"{100 * r['share']:.2f}", f"{r['fwd_flops']:,}") for r in s["rows"]]
+    rows += [(f"= one {stack} block", "", f"{b['params']:,}", "", "", f"{b['fwd_flops']:,}")
+             for stack, b in s["per_block"].items()]
+    rows.append(("= total", "", "", f"{s['n_params']:,}", "100.00",
+                 f"{s['flops_per_token_forward']:,}"))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
+    def line(cells: tuple[str, ...]) -> str:
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first, *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))])
 
-def _plain(cfg: ModelConfig, s: dict[str, Any]) -> str:
-    lines = [_shape(cfg), ""]
-    for r in s["rows"]:
-        lines.append(f"{r['name']:<45} x{r['count']:<4} {r['params']:>18,} "
-                     f"{100 * r['share']:6.2f}%  {r['fwd_flops']:>20,}")
-    lines += [""] + [f"{k:<55} {v}" for k, v in _totals(s)]
-    return "\n".join(lines)
+    rule = "-" * len(line(header))
+    out = [_shape(cfg), rule, line(header), rule, *(line(r) for r in rows), rule, ""]
+    key_width = max(len(k) for k, _ in _totals(s))
+    out += [f"{k.ljust(key_width)}  {v}" for k, v in _totals(s)]
+    return "\n".join(out) + "\n"
