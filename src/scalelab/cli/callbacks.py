@@ -1,7 +1,11 @@
-"""Platform callbacks: checkpoint contents for resume/sampling, and the progress bar."""
+"""Platform callbacks (checkpoint contents for resume/sampling, the progress bar) and the
+user's: every ``callbacks.<name>`` entry with a ``_target_`` (a preset from ``conf/callbacks/``
+or an inline ``+callbacks.<name>={_target_: ...}``), checked before any IO, then instantiated."""
 
 from __future__ import annotations
 
+import inspect
+import logging
 import random
 from pathlib import Path
 from typing import Any, ClassVar
@@ -9,9 +13,12 @@ from typing import Any, ClassVar
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import TQDMProgressBar
 
 from scalelab.cli.spec import plain
+
+log = logging.getLogger("scalelab.train")
 
 
 class RunState(pl.Callback):
@@ -126,3 +133,98 @@ class SampleArtifacts(pl.Callback):
         log_text = getattr(trainer.logger, "log_text", None)
         if callable(log_text):
             log_text(text, name)
+
+
+class EarlyStopping(pl.callbacks.EarlyStopping):
+    """Lightning's EarlyStopping that also says why it stopped the run: one line on the console
+    and in train.log, and the MLflow run's tag ``scalelab.stopped_early`` (the run ends FINISHED)."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        reason = self.stopping_reason_message  # set only when it stopped the run
+        if not reason or not trainer.is_global_zero:
+            return
+        line = f"stopped early at step {trainer.global_step}: {reason}"
+        log.info(line)
+        logger = trainer.logger
+        run_id = getattr(logger, "run_id", None)
+        if run_id and hasattr(logger, "experiment"):  # MLflow (or any client with set_tag)
+            logger.experiment.set_tag(run_id, "scalelab.stopped_early", line[:5000])
+
+
+# --- user callbacks: `callbacks.<name>={_target_: ...}` ---------------------------------------
+def platform_keys() -> set[str]:
+    """The ``callbacks.*`` keys scalelab itself reads (cli/schema.py CallbacksSchema)."""
+    from scalelab.cli.schema import CallbacksSchema
+
+    return set(CallbacksSchema.__dataclass_fields__)
+
+
+def user_callback_nodes(cfg: DictConfig) -> dict[str, DictConfig]:
+    """``callbacks.<name>`` entries that carry a ``_target_``, in config order."""
+    out = {}
+    for name in cfg.callbacks:
+        node = cfg.callbacks[name]
+        if OmegaConf.is_dict(node) and "_target_" in node:
+            out[str(name)] = node
+    return out
+
+
+def check_user_callbacks(cfg: DictConfig) -> None:
+    """Fail before any IO, with one line naming the key, on an entry that could not be built:
+    no ``_target_``, a class that does not import or is no Callback, an argument it does not
+    take, or one that would clash with the platform's own callbacks."""
+    platform = platform_keys()
+    for name in cfg.callbacks:
+        if str(name) not in platform and not (OmegaConf.is_dict(cfg.callbacks[name])
+                                              and "_target_" in cfg.callbacks[name]):
+            raise ValueError(f"callbacks.{name} has no _target_: pick a preset "
+                             f"(callbacks={name}, see conf/callbacks/) or give the class, "
+                             f"'+callbacks.{name}={{_target_: pytorch_lightning.callbacks.EarlyStopping}}'")
+    for name, node in user_callback_nodes(cfg).items():
+        cls = _callback_class(name, str(node["_target_"]))
+        _check_arguments(name, cls, [str(k) for k in node if not str(k).startswith("_")])
+        _check_clash(cfg, name, cls)
+
+
+def _callback_class(name: str, target: str) -> type:
+    from hydra.utils import get_object
+
+    key = f"callbacks.{name}._target_={target!r}"
+    if "." not in target:
+        raise ValueError(f"{key}: give the full class path, e.g. pytorch_lightning.callbacks.EarlyStopping")
+    try:
+        obj = get_object(target)
+    except Exception as e:  # Hydra wraps the ImportError/AttributeError in a multi-line message
+        cause = e.__cause__ or e
+        raise ValueError(f"{key}: cannot import it ({type(cause).__name__}: "
+                         f"{str(cause).splitlines()[0]})") from None
+    if not (inspect.isclass(obj) and issubclass(obj, pl.Callback)):
+        raise ValueError(f"{key} is not a pytorch_lightning.Callback class")
+    return obj
+
+
+def _check_arguments(name: str, cls: type, keys: list[str]) -> None:
+    try:
+        inspect.signature(cls).bind(**dict.fromkeys(keys))
+    except TypeError as e:
+        raise ValueError(f"callbacks.{name} ({cls.__name__}): {e}") from None
+
+
+def _check_clash(cfg: DictConfig, name: str, cls: type) -> None:
+    from pytorch_lightning.callbacks import Checkpoint, ProgressBar
+
+    if issubclass(cls, ProgressBar):
+        raise ValueError(f"callbacks.{name}: scalelab draws its own progress bar "
+                         "(callbacks.progress_bar.*, trainer.enable_progress_bar)")
+    checkpointing = bool(cfg.callbacks.checkpoint.enabled) and not cfg.trainer.fast_dev_run
+    if issubclass(cls, Checkpoint) and not checkpointing:
+        raise ValueError(f"callbacks.{name} ({cls.__name__}) saves checkpoints, but checkpointing is off "
+                         "(callbacks.checkpoint.enabled=false, callbacks=none, a debug recipe or "
+                         "fast_dev_run): turn it on or drop the callback")
+
+
+def user_callbacks(cfg: DictConfig) -> list[Any]:
+    """Instantiate every ``callbacks.<name>={_target_: ...}`` entry, in config order."""
+    from hydra.utils import instantiate
+
+    return [instantiate(node, _convert_="all") for node in user_callback_nodes(cfg).values()]

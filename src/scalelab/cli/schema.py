@@ -224,7 +224,16 @@ def register() -> None:
         OmegaConf.register_new_resolver("scalelab.run_dir", run_dir_resolver)
     if not OmegaConf.has_resolver("scalelab.hydra_subdir"):
         OmegaConf.register_new_resolver("scalelab.hydra_subdir", hydra_subdir)
-    ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+    ConfigStore.instance().store(name="train_schema", node=_train_schema_node())
+
+
+def _train_schema_node() -> Any:
+    """TrainSchema with ``callbacks`` open to new keys, so a preset (``callbacks/early_stopping.yaml``)
+    can add ``<name>: {_target_: ...}`` entries; the platform's typed keys stay validated."""
+    node = OmegaConf.structured(TrainSchema)
+    node.callbacks = OmegaConf.structured(CallbacksSchema)
+    OmegaConf.set_struct(node.callbacks, False)
+    return node
 
 
 register()
