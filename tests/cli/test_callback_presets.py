@@ -67,6 +67,9 @@ def test_a_preset_keeps_the_platform_callbacks_and_none_turns_them_off() -> None
     assert not (off.checkpoint.enabled or off.sample.enabled or off.throughput.enabled)
     assert off.early_stopping.monitor == "val/loss"
     assert make("callbacks=early_stopping", "callbacks.early_stopping.patience=7").callbacks.early_stopping.patience == 7
+    dropped = make("callbacks=[early_stopping,lr_monitor]", "callbacks.early_stopping=null")
+    trainer_args.check(dropped)
+    assert [type(c).__name__ for c in trainer_args.user_callbacks(dropped)] == ["LearningRateMonitor"]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

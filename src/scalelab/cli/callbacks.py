@@ -175,8 +175,10 @@ def check_user_callbacks(cfg: DictConfig) -> None:
     take, or one that would clash with the platform's own callbacks."""
     platform = platform_keys()
     for name in cfg.callbacks:
-        if str(name) not in platform and not (OmegaConf.is_dict(cfg.callbacks[name])
-                                              and "_target_" in cfg.callbacks[name]):
+        node = cfg.callbacks[name]
+        if node is None:  # `callbacks.early_stopping=null` drops a preset's entry (as in lightning-hydra-template)
+            continue
+        if str(name) not in platform and not (OmegaConf.is_dict(node) and "_target_" in node):
             raise ValueError(f"callbacks.{name} has no _target_: pick a preset "
                              f"(callbacks={name}, see conf/callbacks/) or give the class, "
                              f"'+callbacks.{name}={{_target_: pytorch_lightning.callbacks.EarlyStopping}}'")
