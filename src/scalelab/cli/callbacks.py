@@ -189,20 +189,34 @@ def check_user_callbacks(cfg: DictConfig) -> None:
 
 
 def _callback_class(name: str, target: str) -> type:
-    from hydra.utils import get_object
+    # what hydra.utils.instantiate resolves _target_ with; hydra.utils.get_object would also
+    # log the failure as three more lines before our one
+    from hydra._internal.utils import _locate
 
     key = f"callbacks.{name}._target_={target!r}"
     if "." not in target:
         raise ValueError(f"{key}: give the full class path, e.g. pytorch_lightning.callbacks.EarlyStopping")
     try:
-        obj = get_object(target)
+        obj = _locate(target)
     except Exception as e:  # Hydra wraps the ImportError/AttributeError in a multi-line message
-        cause = e.__cause__ or e
-        raise ValueError(f"{key}: cannot import it ({type(cause).__name__}: "
-                         f"{str(cause).splitlines()[0]})") from None
+        raise ValueError(f"{key}: cannot import it ({_import_problem(target, e)})") from None
     if not (inspect.isclass(obj) and issubclass(obj, pl.Callback)):
         raise ValueError(f"{key} is not a pytorch_lightning.Callback class")
     return obj
+
+
+def _import_problem(target: str, error: Exception) -> str:
+    """``module has no 'Name'`` when the module imports (a typo in the class name), else the
+    import error itself (a typo in the module path, a missing package)."""
+    import importlib
+
+    module, _, attr = target.rpartition(".")
+    try:
+        importlib.import_module(module)
+        return f"{module} has no {attr!r}"
+    except Exception:
+        cause = error.__cause__ or error
+        return f"{type(cause).__name__}: {str(cause).splitlines()[0]}"
 
 
 def _check_arguments(name: str, cls: type, keys: list[str]) -> None:
