@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,19 +24,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),
-                    reason="no chromium (apt-get install chromium)")
-def test_ui_link_opens_runs_in_model_training_mode(tmp_path: Path) -> None:
-    from conftest import free_port
-    from scalelab.tracking.run import Tracker
+CHROMIUM = pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),
+                              reason="no chromium (apt-get install chromium)")
 
-    store = f"sqlite:///{tmp_path / 'm.db'}"
-    tracker = Tracker.start(tracking_uri=store, experiment_name="browser_check",
-                            run_name="visible_run", tags={},
-                            artifact_root=str(tmp_path / "arts"))
-    tracker.log_metrics({"val/loss": 2.5}, step=1)
-    tracker.end("FINISHED")
+
+@contextlib.contextmanager
+def _ui(tmp_path: Path, store: str, experiment: str) -> Iterator[str]:
+    """`python -m scalelab.tracking.ui` over ``store``; yields the link it prints for ``experiment``."""
+    from conftest import free_port
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
@@ -50,9 +46,8 @@ def test_ui_link_opens_runs_in_model_training_mode(tmp_path: Path) -> None:
         while link is None:
             line = proc.stdout.readline()
             assert line and time.time() < deadline, "make ui printed no experiment link"
-            m = re.search(r"browser_check\s+(http://\S+)", line)
+            m = re.search(rf"{experiment}\s+(http://\S+)", line)
             link = m.group(1) if m else None
-        assert link.endswith("?workflowType=machine_learning")
         while True:
             with contextlib.suppress(OSError), \
                     urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
@@ -60,14 +55,7 @@ def test_ui_link_opens_runs_in_model_training_mode(tmp_path: Path) -> None:
                     break
             assert proc.poll() is None and time.time() < deadline, "UI did not come up"
             time.sleep(0.5)
-
-        sys.path.insert(0, str(REPO / "scripts"))
-        from ui_screenshot import screenshot
-
-        text = screenshot(link, tmp_path / "ui.png", wait=120.0, until="visible_run")
-        assert (tmp_path / "ui.png").stat().st_size > 10_000
-        assert "visible_run" in text and "Run Name" in text, text[:2000]  # the runs table
-        assert "Observability" not in text, text[:2000]  # the GenAI side navigation
+        yield link
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -75,3 +63,64 @@ def test_ui_link_opens_runs_in_model_training_mode(tmp_path: Path) -> None:
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _screenshot() -> object:
+    sys.path.insert(0, str(REPO / "scripts"))
+    from ui_screenshot import screenshot
+
+    return screenshot
+
+
+@pytest.mark.slow
+@CHROMIUM
+def test_ui_link_opens_runs_in_model_training_mode(tmp_path: Path) -> None:
+    from scalelab.tracking.run import Tracker
+
+    store = f"sqlite:///{tmp_path / 'm.db'}"
+    tracker = Tracker.start(tracking_uri=store, experiment_name="browser_check",
+                            run_name="visible_run", tags={},
+                            artifact_root=str(tmp_path / "arts"))
+    tracker.log_metrics({"val/loss": 2.5}, step=1)
+    tracker.end("FINISHED")
+
+    with _ui(tmp_path, store, "browser_check") as link:
+        assert link.endswith("?workflowType=machine_learning")
+        text = _screenshot()(link, tmp_path / "ui.png", wait=120.0, until="visible_run")
+        assert (tmp_path / "ui.png").stat().st_size > 10_000
+        assert "visible_run" in text and "Run Name" in text, text[:2000]  # the runs table
+        assert "Observability" not in text, text[:2000]  # the GenAI side navigation
+
+
+# the metric keys a scalelab-train run logs (training/modules.py, training/callbacks.py)
+RUN_METRICS = ("train/loss", "train/ppl", "val/loss", "val/ppl", "val/bpb", "lr", "grad_norm",
+               "tokens_seen", "perf/tokens_per_sec", "perf/tokens_per_sec_per_device",
+               "perf/flops_per_sec", "perf/flops_per_sec_per_device", "perf/mfu")
+
+
+@pytest.mark.slow
+@CHROMIUM
+def test_run_metrics_page_orders_charts_by_key_prefix(tmp_path: Path) -> None:
+    """Pins MLflow 3.17's rule that docs/training.md ("Chart order") explains: the run page's
+    Model metrics tab has one section per key prefix (before the last `/`), sections sorted by
+    name, then "Model metrics" for keys without a prefix; charts sorted by key. Nothing on the
+    server (tag, config) changes it; a new MLflow that does fails here, so the docs get updated."""
+    from scalelab.tracking.run import Tracker
+
+    store = f"sqlite:///{tmp_path / 'm.db'}"
+    tracker = Tracker.start(tracking_uri=store, experiment_name="chart_order",
+                            run_name="curves", tags={}, artifact_root=str(tmp_path / "arts"))
+    for step in (10, 20, 30):
+        tracker.log_metrics({k: 1.0 + 1.0 / step for k in RUN_METRICS}, step=step)
+    run_id = tracker.run_id
+    tracker.end("FINISHED")
+
+    with _ui(tmp_path, store, "chart_order") as link:
+        page = link.replace("?", f"/runs/{run_id}/model-metrics?")
+        out = Path(os.environ.get("SCALELAB_UI_SHOT", tmp_path / "metrics.png"))
+        text = _screenshot()(page, out, width=1500, height=1400, wait=120.0, until="tokens_per_sec")
+    lines = [line.strip() for line in text.splitlines()]
+    sections = [name for name in ("perf", "train", "val", "Model metrics") if name in lines]
+    assert sections == ["perf", "train", "val", "Model metrics"], text[:3000]
+    charts = [line for line in lines if line in {k.rsplit("/", 1)[-1] for k in RUN_METRICS}]
+    assert charts.index("flops_per_sec") < charts.index("mfu") < charts.index("tokens_per_sec"), charts

@@ -1,7 +1,10 @@
-"""Platform callbacks: checkpoint contents for resume/sampling, and the progress bar."""
+"""Platform callbacks (checkpoint contents for resume/sampling, the progress bar) and the
+user's: every ``callbacks.<name>`` entry with a ``_target_`` (a preset from ``conf/callbacks/``
+or an inline ``+callbacks.<name>={_target_: ...}``), checked before any IO, then instantiated."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -10,6 +13,8 @@ from pytorch_lightning.callbacks import TQDMProgressBar
 
 from scalelab.config.spec import plain
 from scalelab.training.checkpoint import add_rng_state, add_run_meta, restore_rng_state
+
+log = logging.getLogger("scalelab.train")
 
 
 class RunState(pl.Callback):
@@ -108,3 +113,19 @@ class SampleArtifacts(pl.Callback):
         log_text = getattr(trainer.logger, "log_text", None)
         if callable(log_text):
             log_text(text, name)
+
+
+class EarlyStopping(pl.callbacks.EarlyStopping):
+    """Lightning's EarlyStopping that also says why it stopped the run: one line on the console
+    and in train.log, and the MLflow run's tag ``scalelab.stopped_early`` (the run ends FINISHED)."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        reason = self.stopping_reason_message  # set only when it stopped the run
+        if not reason or not trainer.is_global_zero:
+            return
+        line = f"stopped early at step {trainer.global_step}: {reason}"
+        log.info(line)
+        logger = trainer.logger
+        run_id = getattr(logger, "run_id", None)
+        if run_id and hasattr(logger, "experiment"):  # MLflow (or any client with set_tag)
+            logger.experiment.set_tag(run_id, "scalelab.stopped_early", line[:5000])

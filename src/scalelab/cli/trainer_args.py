@@ -17,6 +17,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+# the callbacks.<name>={_target_: ...} entries live in cli/user_callbacks.py (kept importable from here)
+from scalelab.cli.user_callbacks import check_user_callbacks, user_callback_nodes, user_callbacks  # noqa: F401
+
 # Trainer arguments scalelab derives from its own keys: setting them directly would be ignored
 # or fight the step-based run, so they are refused with the key that does the job.
 MANAGED: dict[str, str] = {
@@ -60,11 +63,7 @@ def check(cfg: DictConfig) -> None:
                 f"trainer.{key} is not a pytorch_lightning.Trainer argument "
                 f"(see `python -c 'import pytorch_lightning as pl; help(pl.Trainer)'`)"
             )
-    for name, node in user_callback_nodes(cfg).items():
-        target = str(node.get("_target_", ""))
-        if "." not in target:
-            raise ValueError(f"callbacks.{name}._target_={target!r}: give the full class path, "
-                             "e.g. pytorch_lightning.callbacks.EarlyStopping")
+    check_user_callbacks(cfg)
 
 
 def extra_trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -79,20 +78,3 @@ def extra_trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
         else:
             out[key] = node
     return out
-
-
-def user_callback_nodes(cfg: DictConfig) -> dict[str, DictConfig]:
-    """``callbacks.<name>`` entries that carry a ``_target_``."""
-    out = {}
-    for name in cfg.callbacks:
-        node = cfg.callbacks[name]
-        if OmegaConf.is_dict(node) and "_target_" in node:
-            out[str(name)] = node
-    return out
-
-
-def user_callbacks(cfg: DictConfig) -> list[Any]:
-    """Instantiate every ``callbacks.<name>={_target_: ...}`` entry, in config order."""
-    from hydra.utils import instantiate
-
-    return [instantiate(node, _convert_="all") for node in user_callback_nodes(cfg).values()]

@@ -136,7 +136,8 @@ class ProgressBarSchema:
 
 @dataclass
 class CallbacksSchema:
-    """``callbacks.*`` (values in conf/callbacks/default.yaml)."""
+    """``callbacks.*``: the platform's callbacks (values in train.yaml's ``callbacks:``); the
+    ``callbacks`` group's presets add ``_target_`` entries beside them."""
 
     checkpoint: CheckpointSchema = MISSING
     sample: SampleSchema = MISSING
@@ -182,4 +183,13 @@ def register() -> None:
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
-    ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+    ConfigStore.instance().store(name="train_schema", node=_train_schema_node())
+
+
+def _train_schema_node() -> Any:
+    """TrainSchema with ``callbacks`` open to new keys, so a preset (``callbacks/early_stopping.yaml``)
+    can add ``<name>: {_target_: ...}`` entries; the platform's typed keys stay validated."""
+    node = OmegaConf.structured(TrainSchema)
+    node.callbacks = OmegaConf.structured(CallbacksSchema)
+    OmegaConf.set_struct(node.callbacks, False)
+    return node
