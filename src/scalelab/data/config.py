@@ -1,15 +1,15 @@
 """Config dataclasses for tokenizers and corpora.
 
 They become Hydra structured configs (conf/tokenizer/*.yaml, conf/data/*.yaml mirror them
-field for field), so fields use ``Optional[X]`` and plain ``str`` — OmegaConf 2.3 rejects
-PEP 604 unions and Literal. Every bad value fails here, naming the key, before any data is read.
+field for field), so choices are plain ``str`` checked here (OmegaConf does not support
+``Literal``). Every bad value fails here, naming the key, before any data is read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, List, TypeVar  # noqa: UP035  (OmegaConf needs typing generics)
+from typing import Any, TypeVar
 
 TOKENIZER_NAMES = (
     "char",
@@ -116,7 +116,7 @@ class DataConfig:
     # shakespeare: local copy (skips the download); parallel_text: train TSV file.
     path: str | None = None
     # text_files: files, directories (recursive) or glob patterns; hf: local data_files.
-    paths: List[str] | None = None  # noqa: UP006
+    paths: list[str] | None = None
     # text_files with directories: which files to take.
     glob: str = "**/*.txt"
     # shakespeare: where to download from and the sha256 it must match.

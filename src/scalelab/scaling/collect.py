@@ -16,7 +16,6 @@ accounting convention side by side and ``N``/``C`` set by the chosen ones:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import pandas as pd
 
@@ -92,7 +91,7 @@ def latest_finished(children: list[ChildRun]) -> dict[str, ChildRun]:
 
 def collect(parent: SweepParent, n_convention: str = "matmul",
             flops_convention: str = "attention", curves: bool = True,
-            point_ids: Optional[set[str]] = None) -> Collected:  # noqa: UP045
+            point_ids: set[str] | None = None) -> Collected:
     """Children of ``parent`` -> tables. ``point_ids`` limits them to the current plan."""
     if n_convention not in N_COLUMNS:
         raise ValueError(f"n_convention={n_convention!r}: choose one of {', '.join(N_COLUMNS)}")
@@ -151,8 +150,8 @@ def _curves(parent: SweepParent, runs: pd.DataFrame, flops_convention: str) -> p
     return pd.concat(frames, ignore_index=True)
 
 
-def find_parent(sweep: Optional[str] = None, parent_run_id: Optional[str] = None,  # noqa: UP045
-                tracking_uri: Optional[str] = None) -> SweepParent:  # noqa: UP045
+def find_parent(sweep: str | None = None, parent_run_id: str | None = None,
+                tracking_uri: str | None = None) -> SweepParent:
     """A sweep's parent run by sweep name (experiment ``sweep_<name>``) or by run id."""
     from scalelab.paths import repo_root
     from scalelab.tracking.store import resolve_tracking_uri
@@ -171,8 +170,8 @@ def find_parent(sweep: Optional[str] = None, parent_run_id: Optional[str] = None
     return parent
 
 
-def collect_runs(sweep: Optional[str] = None, parent_run_id: Optional[str] = None,  # noqa: UP045
-                 tracking_uri: Optional[str] = None, n_convention: str = "matmul",  # noqa: UP045
+def collect_runs(sweep: str | None = None, parent_run_id: str | None = None,
+                 tracking_uri: str | None = None, n_convention: str = "matmul",
                  flops_convention: str = "attention") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs, curves) of a sweep given by name or parent run id (for `scalelab-fit`)."""
     parent = find_parent(sweep, parent_run_id, tracking_uri)

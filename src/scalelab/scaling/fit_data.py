@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -57,7 +56,7 @@ class FitOptions:
     init: str = "grid"
     method: str = "batched"
     huber_delta: float = 1e-3
-    reference_compute: Optional[float] = None  # noqa: UP045
+    reference_compute: float | None = None
     extrapolate: bool = True
     ci: float = 0.95
     min_sizes_per_budget: int = 3

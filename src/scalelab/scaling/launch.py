@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -51,8 +51,8 @@ class RunSettings:
     launcher_overrides: list[str] = field(default_factory=list)
     val_evals: int = 12
     val_batches: int = 10
-    experiment_name: Optional[str] = None  # noqa: UP045
-    output_dir: Optional[str] = None  # noqa: UP045
+    experiment_name: str | None = None
+    output_dir: str | None = None
     estimate_time: bool = True
     run_overhead_s: float = 8.0
     fit: bool = True
@@ -107,9 +107,9 @@ class BaseRun:
     tokens_per_step: int
     micro_batch: int
     block_size: int
-    train_tokens: Optional[int]  # noqa: UP045
+    train_tokens: int | None
     tracking_uri: str
-    artifact_root: Optional[str]  # noqa: UP045
+    artifact_root: str | None
     root: Path
     accelerator: str
     val_tokens: Any = None  # the validation split's tokens (memmap), for the held-out set
@@ -237,8 +237,8 @@ def write_point_config(path: Path, p: PlanPoint, overrides: dict[str, Any]) -> N
 
 def train_command(train_overrides: list[str], point_names: list[str], conf_dir: Path,
                   multirun: bool, launcher: str = "basic",
-                  launcher_overrides: Optional[list[str]] = None,  # noqa: UP045
-                  sweep_dir: Optional[Path] = None) -> list[str]:  # noqa: UP045
+                  launcher_overrides: list[str] | None = None,
+                  sweep_dir: Path | None = None) -> list[str]:
     cmd = [sys.executable, "-m", TRAIN_MODULE]
     if multirun:
         cmd.append("--multirun")
@@ -269,7 +269,7 @@ class SweepRunner:
     def __init__(self, plan: Plan, spec: SweepSpec, settings: RunSettings, base: BaseRun,
                  sweep_dir: Path, parent: Any, echo: Callable[[str], None] = print,
                  poll_s: float = 3.0,
-                 on_finished: Optional[Callable[[PlanPoint, Any], None]] = None) -> None:  # noqa: UP045
+                 on_finished: Callable[[PlanPoint, Any], None] | None = None) -> None:
         self.plan, self.spec, self.settings, self.base = plan, spec, settings, base
         self.on_finished = on_finished  # e.g. the held-out evaluation, while the others train
         self.sweep_dir, self.parent, self.echo, self.poll_s = sweep_dir, parent, echo, poll_s
@@ -328,7 +328,7 @@ class SweepRunner:
                 self.echo(f"  resuming {p.name} from its checkpoint (run {latest[p.point_id].run_id})")
             write_point_config(self.conf_dir / "sweep_point" / f"{p.name}.yaml", p, ov)
 
-    def run(self, estimates: Optional[dict[str, float]] = None) -> Outcome:  # noqa: UP045
+    def run(self, estimates: dict[str, float] | None = None) -> Outcome:
         t0 = time.time()
         out = Outcome()
         stale = self.close_stale()
@@ -563,7 +563,7 @@ def _error_line(log_path: Path, point: str) -> str:
     return (best(lines) or (tail[-1] if tail else ""))[:300]
 
 
-def save_plan(plan: Plan, sweep_dir: Path, estimates: Optional[list[float]] = None) -> dict[str, Path]:  # noqa: UP045
+def save_plan(plan: Plan, sweep_dir: Path, estimates: list[float] | None = None) -> dict[str, Path]:
     """plan.json + plan.csv in the sweep folder (also logged to the parent run)."""
     import pandas as pd
 

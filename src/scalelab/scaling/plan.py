@@ -19,7 +19,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from scalelab.model.accounting import N_CONVENTIONS
 from scalelab.model.config import ModelConfig
@@ -39,10 +39,10 @@ class FamilyConfig:
 
     head_dim: int = 16  # fixed head size; n_heads = d_model / head_dim
     aspect_ratio: float = 32.0  # target d_model / n_layers
-    depths: Optional[list[int]] = None  # noqa: UP045  # explicit depths; None -> min..max_layers
+    depths: list[int] | None = None  # explicit depths; None -> min..max_layers
     min_layers: int = 1
     max_layers: int = 24
-    d_multiple: Optional[int] = None  # noqa: UP045  # d_model is a multiple of this (None -> head_dim)
+    d_multiple: int | None = None  # d_model is a multiple of this (None -> head_dim)
     max_d_model: int = 8192
 
     def __post_init__(self) -> None:
@@ -94,7 +94,7 @@ class SweepSpec:
     lr: float = 1e-3  # peak lr (fixed rule) or lr at base_width (inverse_width rule)
     lr_rule: str = "inverse_width"  # fixed | inverse_width (lr = lr * base_width / d_model)
     base_width: int = 128
-    max_lr: Optional[float] = None  # noqa: UP045  # cap for the inverse_width rule
+    max_lr: float | None = None  # cap for the inverse_width rule
     warmup_tokens_per_param: float = 1.0  # warmup ~ N tokens ...
     max_warmup_fraction: float = 0.1  # ... capped at this fraction of the steps
     min_lr_ratio: float = 0.1  # cosine to 10 %
@@ -118,7 +118,7 @@ class SweepSpec:
     tune_sizes: int = 3  # sizes per tune budget (smallest, middle, largest of its curve)
     # a measured law lr*(N) = coef * N^exponent (e.g. from an earlier tune stage's law.json)
     # that sets every point's lr without tuning again; ignored when tune_lr_factors is set
-    lr_law: Optional[dict[str, float]] = None  # noqa: UP045
+    lr_law: dict[str, float] | None = None
     # drop the targets below the family's smallest shape, and repeated shapes, instead of
     # failing (tiny budgets whose optimum sits near the smallest model); >= 3 sizes must remain
     clip_sizes: bool = False
@@ -252,13 +252,13 @@ class PlanPoint:
     model_overrides: dict[str, Any]  # model.* keys of this point (shape + variant model keys)
     extra_overrides: dict[str, Any]  # non-model variant keys
     size_index: int = 0  # position within its IsoFLOP curve (0 = smallest)
-    branch_of: Optional[str] = None  # noqa: UP045  # WSD: id of the run whose stable phase it continues
+    branch_of: str | None = None  # WSD: id of the run whose stable phase it continues
     index: int = 0
     point_id: str = ""
     # WSD (sweep.wsd): schedule of the run, steps where the main run saves stable-phase
     # checkpoints, and for a branch the main run's name and the step it starts from
     schedule: str = "cosine"
-    decay_fraction: Optional[float] = None  # noqa: UP045
+    decay_fraction: float | None = None
     save_at_steps: list[int] = field(default_factory=list)
     branch_from: str = ""  # name of the main point (its run folder holds the checkpoint)
     start_step: int = 0
@@ -324,7 +324,7 @@ class Plan:
     tokens_per_step: int
     seq_len: int
     points: list[PlanPoint]
-    train_tokens: Optional[int] = None  # noqa: UP045
+    train_tokens: int | None = None
     identity: dict[str, Any] = field(default_factory=dict)
     lr_law: dict[str, float] | None = None  # lr = coef * N^exponent from the tune stage
 
@@ -429,7 +429,7 @@ def shape_for(target_n: float, family: FamilyConfig, base: dict[str, Any],
     sizes (there N jumps by ~((L+1)/L)^3 between depths).
     """
     step = family.width_step
-    best: Optional[tuple[float, ModelConfig]] = None  # noqa: UP045
+    best: tuple[float, ModelConfig] | None = None
     for layers in family.layer_choices:
         cfg = _closest_width(target_n, layers, step, family, base, convention)
         if cfg is None:
@@ -481,7 +481,7 @@ def _n_of(cfg: ModelConfig, convention: str) -> int:
 
 
 def _closest_width(target_n: float, layers: int, step: int, family: FamilyConfig,
-                   base: dict[str, Any], convention: str) -> Optional[ModelConfig]:  # noqa: UP045
+                   base: dict[str, Any], convention: str) -> ModelConfig | None:
     # N grows monotonically with d: bisect on the multiple of `step`.
     lo, hi = 1, max(1, family.max_d_model // step)
     if _n_of(_make(layers, lo * step, family, base), convention) >= target_n:
@@ -527,9 +527,9 @@ def make_plan(
     family: FamilyConfig,
     base_model: dict[str, Any],
     tokens_per_step: int,
-    train_tokens: Optional[int] = None,  # noqa: UP045
-    identity: Optional[dict[str, Any]] = None,  # noqa: UP045
-    seq_len: Optional[int] = None,  # noqa: UP045
+    train_tokens: int | None = None,
+    identity: dict[str, Any] | None = None,
+    seq_len: int | None = None,
 ) -> Plan:
     """Build and validate the plan. Raises ValueError (naming the budget/point and the fix)
     for a plan that cannot be honoured, before anything runs.
@@ -714,7 +714,7 @@ def _grid_points(spec: SweepSpec, family: FamilyConfig, base: dict[str, Any], tp
     return out
 
 
-def _finish_point(p: PlanPoint, spec: SweepSpec, train_tokens: Optional[int]) -> None:  # noqa: UP045
+def _finish_point(p: PlanPoint, spec: SweepSpec, train_tokens: int | None) -> None:
     """lr and warmup per size, then the checks that make a plan impossible."""
     where = f"point (budget C={p.budget:.3g}, variant {p.variant}, d_model={p.d_model}, " \
             f"n_layers={p.n_layers}, N={p.n_params_matmul:,})"
@@ -748,7 +748,7 @@ def _finish_point(p: PlanPoint, spec: SweepSpec, train_tokens: Optional[int]) ->
 # Wall-time estimate
 # --------------------------------------------------------------------------------------------
 def measure_flops_per_s(plan: Plan, micro_batch: int, time_budget_s: float = 8.0,
-                        threads: Optional[int] = None) -> dict[tuple[int, int, str], float]:  # noqa: UP045
+                        threads: int | None = None) -> dict[tuple[int, int, str], float]:
     """Achieved training FLOP/s of each distinct shape: a few forward+backward+AdamW steps.
 
     Sizes are timed from smallest to largest until ``time_budget_s`` is spent; the rest get

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from mlflow.entities import Metric, Param, RunStatus, ViewType
 from mlflow.tracking import MlflowClient
@@ -36,14 +36,14 @@ class ChildRun:
     run_id: str
     status: str  # RUNNING | FINISHED | FAILED | KILLED | SCHEDULED
     start_time: int  # ms since epoch
-    end_time: Optional[int]  # noqa: UP045
+    end_time: int | None
     tags: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     name: str = ""
 
     @property
-    def point_id(self) -> Optional[str]:  # noqa: UP045
+    def point_id(self) -> str | None:
         return self.tags.get(POINT_ID_TAG)
 
     @property
@@ -80,7 +80,7 @@ class SweepParent:
 
     @classmethod
     def open(cls, tracking_uri: str, experiment_name: str, sweep_name: str,
-             artifact_root: Optional[str] = None, tags: Optional[Mapping[str, str]] = None,  # noqa: UP045
+             artifact_root: str | None = None, tags: Mapping[str, str] | None = None,
              ) -> SweepParent:
         probe(tracking_uri)
         client = MlflowClient(tracking_uri=tracking_uri)
@@ -116,10 +116,10 @@ class SweepParent:
         for k, v in tags.items():
             self.client.set_tag(self.run_id, k, str(v))
 
-    def log_artifacts(self, folder: Path, artifact_path: Optional[str] = None) -> None:  # noqa: UP045
+    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
 
-    def log_artifact(self, path: Path, artifact_path: Optional[str] = None) -> None:  # noqa: UP045
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def end(self, status: str = "FINISHED") -> None:
@@ -135,7 +135,7 @@ class SweepParent:
         self.client.set_tag(run_id, "sweep_note", "left RUNNING by an interrupted sweep")
         self.client.set_tag(run_id, STALE_TAG, "its process was gone when the sweep was rerun")
 
-    def plan_point_ids(self) -> Optional[set[str]]:  # noqa: UP045
+    def plan_point_ids(self) -> set[str] | None:
         """Point hashes of the plan last logged to this parent (artifact plan/plan.json)."""
         import json
         import os
@@ -210,7 +210,7 @@ def open_parent(tracking_uri: str, parent_run_id: str) -> SweepParent:
     return SweepParent(client, parent_run_id, run.info.experiment_id, tracking_uri, created=False)
 
 
-def find_sweep_parent(tracking_uri: str, sweep_name: str) -> Optional[SweepParent]:  # noqa: UP045
+def find_sweep_parent(tracking_uri: str, sweep_name: str) -> SweepParent | None:
     """The newest parent run tagged with ``sweep_name``, in any experiment (None if absent)."""
     probe(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)

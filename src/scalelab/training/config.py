@@ -1,12 +1,12 @@
 """Optimizer and schedule settings: one dataclass, mirrored by conf/optim/*.yaml.
 
-Fields use ``Optional[X]`` and plain ``str`` (not ``X | None`` / ``Literal``) because this class
-becomes an OmegaConf structured config, and OmegaConf 2.3 rejects PEP 604 unions.
+Choices are plain ``str`` fields checked here (not ``Literal``, which OmegaConf structured
+configs do not support), so a bad value fails naming the key and the options.
 """
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 from scalelab.data.config import from_dict_checked
 
@@ -24,11 +24,11 @@ class OptimConfig:
     eps: float = 1e-8
     decay_embeddings: bool = False  # also decay token/position embedding tables
     grad_clip: float = 1.0  # max total grad 2-norm; 0 disables clipping
-    fused: Optional[bool] = None  # noqa: UP045  # None = fused kernel when torch supports the device, else foreach
+    fused: bool | None = None  # None = fused kernel when torch supports the device, else foreach
 
     # Schedule: a multiplier on lr per optimizer step (LambdaLR, interval "step")
     schedule: str = "cosine"  # cosine | wsd | constant
-    warmup_steps: Optional[int] = None  # noqa: UP045  # wins over warmup_fraction when set
+    warmup_steps: int | None = None  # wins over warmup_fraction when set
     warmup_fraction: float = 0.02  # of total steps, used when warmup_steps is None
     min_lr_ratio: float = 0.1  # final lr = min_lr_ratio * lr (cosine, wsd)
     decay_fraction: float = 0.2  # wsd: the final fraction of steps that decays to min lr
