@@ -21,7 +21,8 @@ import torch
 from omegaconf import OmegaConf
 
 from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict, run_meta
-from scalelab.paths import repo_root
+from scalelab.data.tokenizers import CORPUS_TOKENIZERS
+from scalelab.paths import conf_dir, repo_root
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -65,7 +66,7 @@ def _prepared(meta: dict[str, Any], data: str | None, data_dir: Path) -> Any:
             return PreparedData.load(spec["dir"])
         raise ValueError("no prepared corpus recorded for this model; pass --data NAME "
                          "(a conf/data/*.yaml name)")
-    yaml = repo_root() / "conf" / "data" / f"{data}.yaml"
+    yaml = conf_dir() / "data" / f"{data}.yaml"
     if not yaml.is_file():
         names = sorted(p.stem for p in yaml.parent.glob("*.yaml"))
         raise ValueError(f"--data {data}: no {yaml}; choose one of {', '.join(names)}")
@@ -73,7 +74,7 @@ def _prepared(meta: dict[str, Any], data: str | None, data_dir: Path) -> Any:
     tok_name = spec.get("name")
     if not tok_name:
         raise ValueError("the model has no tokenizer recorded; pass --tokenizer NAME (e.g. gpt2)")
-    if tok_name in ("char", "bpe") and meta.get("data") and data != meta["data"]:
+    if tok_name in CORPUS_TOKENIZERS and meta.get("data") and data != meta["data"]:
         raise ValueError(f"--data {data}: a {tok_name} vocabulary is built from its own corpus "
                          f"({meta['data']}); evaluate on that corpus, or use a model with a fixed "
                          "vocabulary (byte, gpt2, cl100k_base, ...)")
@@ -82,7 +83,7 @@ def _prepared(meta: dict[str, Any], data: str | None, data_dir: Path) -> Any:
 
 
 def _data_fields(name: str) -> dict[str, Any]:
-    yaml = repo_root() / "conf" / "data" / f"{name}.yaml"
+    yaml = conf_dir() / "data" / f"{name}.yaml"
     if not yaml.is_file():
         names = sorted(p.stem for p in yaml.parent.glob("*.yaml"))
         raise ValueError(f"--data {name}: no {yaml}; choose one of {', '.join(names)}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict, run_meta
-from scalelab.files import atomic_open, atomic_write_json
+from scalelab.data.files import atomic_open, atomic_write_json
 
 
 def export(checkpoint: str | Path, out: str | Path) -> Path:

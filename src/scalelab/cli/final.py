@@ -68,16 +68,9 @@ def final_metrics(trainer: Any, spec: RunSpec, model_cfg: ModelConfig, fit_secon
 
 
 def _mfu(spec: RunSpec, flops_per_s_per_device: float) -> float | None:
-    try:
-        import torch
+    from scalelab.training.perf import run_mfu
 
-        from scalelab.training.perf import peak_flops
-
-        accel = str(spec.trainer.accelerator)
-        device = "cuda" if accel in ("gpu", "cuda", "auto") and torch.cuda.is_available() else "cpu"
-        return flops_per_s_per_device / peak_flops(device, str(spec.trainer.precision))
-    except Exception:  # MFU is informative only
-        return None
+    return run_mfu(flops_per_s_per_device, str(spec.trainer.accelerator), str(spec.trainer.precision))
 
 
 def record_final(tracker: Any, final: dict[str, Any]) -> None:

@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from scalelab.model.accounting import N_CONVENTIONS
+
 # Contract of scalelab.scaling.collect (MLflow lives there, not here):
 #   collect_runs(sweep, parent_run_id, tracking_uri, n_convention, flops_convention) -> (runs, curves)
 COLLECT_FN = "collect_runs"
@@ -34,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--approaches", default="1,2,3", help="comma-separated subset of 1,2,3")
     p.add_argument("--n-boot", type=int, default=100, help="bootstrap replicates (0: no intervals)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-convention", default="matmul", choices=["matmul", "total", "non_embedding"])
+    p.add_argument("--n-convention", default="matmul", choices=list(N_CONVENTIONS))
     p.add_argument("--flops-convention", default="attention", choices=["attention", "6n"])
     p.add_argument("--grid", default="full", choices=["full", "coarse"],
                    help="Approach 3 start grid: full = Hoffmann's 4500 points")

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,8 @@ from scalelab.cli.checkpoints import (
     run_meta,
     tokenizer_from_spec,
 )
+from scalelab.model.variants import OBJECTIVE_OF_ARCH
+from scalelab.training.checkpoint import RUN_KEY, write_checkpoint
 
 
 def export_checkpoint_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
@@ -53,23 +53,17 @@ def import_to_checkpoint(source: str | Path, out: str | Path,
 
     family, model = import_hf(source)
     cfg = model.cfg
-    objective = {"decoder": "causal", "encoder": "mlm"}[cfg.arch]
+    objective = OBJECTIVE_OF_ARCH[cfg.arch]
     diff = _parity_with_transformers(source, model)
     exported = _exported_meta(source)
     meta = {"model_config": cfg.to_dict(), "objective": objective, "data": exported.get("data"),
             "tokenizer": {"name": tokenizer} if tokenizer else exported.get("tokenizer"),
             "source": f"hf:{Path(str(source).removeprefix('hf:')).expanduser().resolve()}"}
+    # no hyper_parameters (no Lightning module wrote it), so the model config rides in RUN_KEY
     ckpt = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-            "global_step": 0, "scalelab_run": meta}
+            "global_step": 0, RUN_KEY: meta}
     out = Path(out).expanduser().resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
-    os.close(fd)
-    try:  # atomic: a half-written model.ckpt never exists
-        torch.save(ckpt, tmp)
-        os.replace(tmp, out / "model.ckpt")
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    write_checkpoint(ckpt, out / "model.ckpt")  # atomic, with its size/hash sidecar
     info = {"family": family, "max_abs_logit_diff": diff, "n_params": cfg.n_params(),
             "checkpoint": str(out / "model.ckpt"), **meta}
     (out / "config.json").write_text(json.dumps(info, indent=2) + "\n")

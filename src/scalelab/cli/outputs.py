@@ -10,7 +10,7 @@ from typing import Any
 
 from scalelab.cli.final import record_final
 from scalelab.config.spec import RunSpec
-from scalelab.files import atomic_write_text
+from scalelab.data.files import atomic_write_text
 
 log = logging.getLogger("scalelab.train")
 

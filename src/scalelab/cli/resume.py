@@ -147,9 +147,9 @@ def module_start_step(ckpt: Path | None) -> int:
     """Global step stored in a checkpoint (0 for a fresh run)."""
     if ckpt is None:
         return 0
-    import torch
+    from scalelab.training.checkpoint import read_meta
 
     try:
-        return int(torch.load(ckpt, map_location="cpu", weights_only=True).get("global_step", 0))
+        return int(read_meta(ckpt)["global_step"])
     except Exception:  # unreadable: throughput just covers the whole run
         return 0

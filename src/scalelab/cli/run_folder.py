@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.config.run_dir import PENDING, created_by_this_command, raise_deferred
-from scalelab.files import atomic_write_json, atomic_write_text
+from scalelab.data.files import atomic_write_json, atomic_write_text
 
 RUN_ID_FILE = "mlflow_run_id"  # <run folder>/mlflow_run_id: what resume reopens
 SUMMARY_FILE = "summary.json"  # <run folder>/summary.json: final metrics, run id, status

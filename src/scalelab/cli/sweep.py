@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from scalelab.files import atomic_write_text
+from scalelab.data.files import atomic_write_text
 
 GROUPS_NOT_VARIANTS = "a variant axis must name a field (model.mlp=gelu,swiglu), not a config group"
 

@@ -25,11 +25,12 @@ from scalelab.config.schema import (
 )
 from scalelab.data.config import DataConfig, TokenizerConfig
 from scalelab.model import ModelConfig
+from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.batch import BatchPlan, derive_batch, steps_from_budget
 from scalelab.training.config import OptimConfig
 from scalelab.training.schedules import build_lr_lambda
 
-OBJECTIVE_FOR_ARCH = {"decoder": "causal", "encoder": "mlm", "encoder_decoder": "seq2seq"}
+OBJECTIVE_FOR_ARCH = OBJECTIVE_OF_ARCH  # model/variants.py's ARCHS table owns the pairing
 LOGGER_BACKENDS = ("mlflow", "none")
 VOCAB_PLACEHOLDER = 256  # validates a model whose vocab_size comes from the tokenizer later
 

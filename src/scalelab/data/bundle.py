@@ -12,6 +12,7 @@ from typing import Any
 
 from scalelab.data.config import DataConfig, TokenizerConfig
 from scalelab.data.shards import PreparedData, prepare
+from scalelab.data.tokenizers import prepared_run_spec
 
 
 @dataclass
@@ -40,12 +41,12 @@ def build_data_bundle(objective: str, data: DataConfig, tokenizer: TokenizerConf
         dm = datamodules.Seq2SeqDataModule(data, batch_size=micro_batch, seed=seed)
         vocab = dm.vocab
         return DataBundle(dm, int(dm.vocab_size), vocab,
-                          {"kind": "seq2seq_char", "name": "seq2seq_char", "chars": vocab.chars},
+                          vocab.spec(),
                           bytes_per_token=1.0)
     prepared = prepare(data, tokenizer, cache_dir=cache_dir, progress=progress)
     module_class = datamodules.MaskedLMDataModule if objective == "mlm" else datamodules.CausalLMDataModule
     dm = module_class(prepared, block_size=block_size, batch_size=micro_batch, seed=seed,
                       val_batches=val_batches)
-    tok_spec = {"kind": "prepared", "dir": str(prepared.dir), **prepared.meta.get("tokenizer", {})}
+    tok_spec = prepared_run_spec(prepared.dir, prepared.meta.get("tokenizer", {}))
     return DataBundle(dm, int(prepared.vocab_size), prepared.tokenizer, tok_spec,
                       bytes_per_token=float(prepared.bytes_per_token), prepared=prepared)

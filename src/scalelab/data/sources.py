@@ -76,7 +76,7 @@ def _cut_utf8(raw: bytes, n: int) -> bytes:
     return raw
 
 
-def _finish(cfg: DataConfig, raws: list[tuple[str, bytes]], source: str) -> Corpus:
+def _as_corpus(cfg: DataConfig, raws: list[tuple[str, bytes]], source: str) -> Corpus:
     if cfg.max_bytes is not None:
         kept, total = [], 0
         for name, raw in raws:
@@ -139,7 +139,7 @@ def load_pystdlib(cfg: DataConfig) -> Corpus:
         raw = p.read_bytes()
         total += len(raw)
         raws.append((p.relative_to(root).as_posix(), raw))  # same order as the sorted names
-    c = _finish(cfg, raws, f"pystdlib {root} ({len(raws)} .py files)")
+    c = _as_corpus(cfg, raws, f"pystdlib {root} ({len(raws)} .py files)")
     # Python version is part of the fingerprint: another Python = another corpus.
     c.fingerprint = hashlib.sha256(f"{sys.version}\0{c.fingerprint}".encode()).hexdigest()
     return c
@@ -177,7 +177,7 @@ def load_shakespeare(cfg: DataConfig, download_dir: Path | None) -> Corpus:
             f"{p}: sha256 does not match data.sha256={cfg.sha256}; use the right file or set "
             f"data.sha256=null"
         )
-    return _finish(cfg, [(p.name, raw)], f"shakespeare {p}")
+    return _as_corpus(cfg, [(p.name, raw)], f"shakespeare {p}")
 
 
 def resolve_paths(patterns: list[str], file_glob: str) -> list[Path]:
@@ -209,7 +209,7 @@ def load_text_files(cfg: DataConfig) -> Corpus:
     raws = []
     for p in files:
         raws.append((str(p), p.read_bytes()))
-    return _finish(cfg, raws, f"text_files ({len(files)} files)")
+    return _as_corpus(cfg, raws, f"text_files ({len(files)} files)")
 
 
 def load_hf(cfg: DataConfig) -> Corpus:
@@ -242,7 +242,7 @@ def load_hf(cfg: DataConfig) -> Corpus:
         if cfg.max_bytes is not None and total >= cfg.max_bytes:
             break
     desc = f"hf {cfg.hf_name}/{cfg.hf_config or '-'} split={cfg.hf_split}"
-    return _finish(cfg, raws, desc)
+    return _as_corpus(cfg, raws, desc)
 
 
 def load_corpus(cfg: DataConfig, download_dir: Path | None = None) -> Corpus:

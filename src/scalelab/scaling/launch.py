@@ -28,7 +28,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from scalelab.files import atomic_write_json, atomic_write_text
+from scalelab.data.files import atomic_write_json, atomic_write_text
 from scalelab.scaling.plan import FamilyConfig, Plan, PlanPoint, SweepSpec, make_plan
 
 LAUNCHERS = ("hydra", "subprocess")

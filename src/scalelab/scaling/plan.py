@@ -555,7 +555,7 @@ def make_plan(
             points += _grid_points(spec, family, vbase, tokens_per_step, label, vmodel, vextra,
                                    seq_len)
     for p in points:
-        _finish_point(p, spec, train_tokens)
+        _set_schedule_and_check(p, spec, train_tokens)
     plan = Plan(spec, family, base, tokens_per_step, seq_len, points, train_tokens,
                 identity=identity or {})
     plan.finalize()
@@ -714,7 +714,7 @@ def _grid_points(spec: SweepSpec, family: FamilyConfig, base: dict[str, Any], tp
     return out
 
 
-def _finish_point(p: PlanPoint, spec: SweepSpec, train_tokens: int | None) -> None:
+def _set_schedule_and_check(p: PlanPoint, spec: SweepSpec, train_tokens: int | None) -> None:
     """lr and warmup per size, then the checks that make a plan impossible."""
     where = f"point (budget C={p.budget:.3g}, variant {p.variant}, d_model={p.d_model}, " \
             f"n_layers={p.n_layers}, N={p.n_params_matmul:,})"
