@@ -53,6 +53,8 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(d, d, bias=cfg.bias)
         self.o_proj.residual_out = True  # type: ignore[assignment]  # scaled at init (GPT-2)
         self.dropout = cfg.dropout
+        # µP: 1/head_dim keeps attention logits O(1) as heads widen; None = SDPA's 1/sqrt(hd)
+        self.scale = 1.0 / cfg.head_dim if cfg.parametrization == "mup" else None
 
     def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
         b, s, _ = t.shape
@@ -64,7 +66,7 @@ class _Attention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
             is_causal=ctx.is_causal and mask is None,
-            enable_gqa=self.n_kv_heads != self.n_heads)
+            enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)
         b, _, t, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 

@@ -21,6 +21,7 @@ NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 MLPS = ("gelu", "relu", "swiglu")
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+PARAMETRIZATIONS = ("standard", "mup")
 
 
 @dataclass
@@ -66,6 +67,13 @@ class ModelConfig:
     # --- initialization (GPT-2) ---------------------------------------------------------
     init_std: float = 0.02
     scale_residual_init: bool = True  # residual out-projections get std/sqrt(2*n_layers_total)
+    # --- parametrization ----------------------------------------------------------------
+    # standard: the init above and one learning rate for every matrix. mup (µP, Yang et al.
+    # 2022, "Tensor Programs V"): with m = d_model / mup_base_width, hidden matrices get
+    # init std / sqrt(m) and lr / m (Adam), the logits are multiplied by 1/m and attention
+    # scores use 1/head_dim; an lr tuned at the base width then stays optimal as width grows.
+    parametrization: str = "standard"  # standard | mup
+    mup_base_width: Optional[int] = None  # noqa: UP045  # mup: the d_model the lr was tuned at
 
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -76,6 +84,8 @@ class ModelConfig:
         self._check_name("norm_position", NORM_POSITIONS)
         self._check_name("mlp", MLPS)
         self._check_name("position", POSITIONS)
+        self._check_name("parametrization", PARAMETRIZATIONS)
+        self._check_mup()
         for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads",
                      "ffn_multiple_of"):
             self._check_positive_int(name)
@@ -131,6 +141,18 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.{name}={value!r} is unknown; choose one of {', '.join(allowed)}")
 
+    def _check_mup(self) -> None:
+        if self.parametrization == "mup":
+            if self.mup_base_width is None:
+                raise ValueError(
+                    "ModelConfig.parametrization='mup' needs mup_base_width: the d_model at which "
+                    "the learning rate was tuned (e.g. model.mup_base_width=128)")
+            self._check_positive_int("mup_base_width")
+        elif self.mup_base_width is not None:
+            raise ValueError(
+                f"ModelConfig.mup_base_width={self.mup_base_width!r} is only used with "
+                "parametrization=mup; set model.parametrization=mup or drop it")
+
     def _check_positive_int(self, name: str) -> None:
         value = getattr(self, name)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -169,6 +191,13 @@ class ModelConfig:
         if self.arch == "decoder":
             return self.n_layers
         return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+
+    @property
+    def width_multiplier(self) -> float:
+        """µP's m = d_model / mup_base_width; 1.0 under the standard parametrization."""
+        if self.parametrization != "mup" or self.mup_base_width is None:
+            return 1.0
+        return self.d_model / self.mup_base_width
 
     @property
     def n_layers_total(self) -> int:
