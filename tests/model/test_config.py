@@ -1,22 +1,26 @@
-"""ModelConfig: derived defaults, validation messages, (de)serialization, presets == yaml."""
+"""ModelConfig: derived defaults, validation messages, (de)serialization, variant registries."""
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
 import pytest
 
-from scalelab.model import ARCHS, MLPS, NORMS, POSITIONS, ModelConfig
-from scalelab.model.blocks import RESIDUALS
-from scalelab.model.mlp import MLPS as MLP_REGISTRY
-from scalelab.model.norms import NORMS as NORM_REGISTRY
-from scalelab.model.positions import POSITIONS as POSITION_REGISTRY
+from scalelab.model import ModelConfig
+from scalelab.model.blocks import RESIDUAL_CLASSES
+from scalelab.model.mlp import MLP_CLASSES
+from scalelab.model.norms import NORM_CLASSES
+from scalelab.model.positions import POSITION_CLASSES
 from scalelab.model.presets import PRESETS, preset, preset_dict
+from scalelab.model.variants import (
+    ARCHS,
+    MLPS,
+    NORM_POSITIONS,
+    NORMS,
+    OBJECTIVE_OF_ARCH,
+    POSITIONS,
+    check_registry,
+)
 
 from .helpers import tiny
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "src" / "scalelab" / "conf" / "model"
 
 
 def test_defaults_are_gpt2_small() -> None:
@@ -55,7 +59,7 @@ BAD = [
     (dict(arch="gpt"), ["arch='gpt'", "decoder", "encoder_decoder"]),
     (dict(norm="batchnorm"), ["norm='batchnorm'", "layernorm", "rmsnorm"]),
     (dict(norm_position="sandwich"), ["norm_position='sandwich'", "pre", "post"]),
-    (dict(mlp="geglu"), ["mlp='geglu'", "swiglu"]),
+    (dict(mlp="moe"), ["mlp='moe'", "swiglu"]),
     (dict(position="xpos"), ["position='xpos'", "alibi"]),
     (dict(d_model=0), ["d_model=0", "positive"]),
     (dict(n_layers=-1), ["n_layers=-1", "positive"]),
@@ -97,12 +101,20 @@ def test_replace_re_derives_defaults() -> None:
         cfg.replace(n_heads=5)
 
 
-def test_registries_match_config_names() -> None:
-    assert set(NORM_REGISTRY) == set(NORMS)
-    assert set(MLP_REGISTRY) == set(MLPS)
-    assert set(POSITION_REGISTRY) == set(POSITIONS)
-    assert set(RESIDUALS) == {"pre", "post"}
+def test_registries_match_variant_tables() -> None:
+    assert set(NORM_CLASSES) == set(NORMS)
+    assert set(MLP_CLASSES) == set(MLPS)
+    assert set(POSITION_CLASSES) == set(POSITIONS)
+    assert set(RESIDUAL_CLASSES) == set(NORM_POSITIONS) == {"pre", "post"}
     assert set(ARCHS) == {"decoder", "encoder", "encoder_decoder"}
+    assert OBJECTIVE_OF_ARCH == {"decoder": "causal", "encoder": "mlm", "encoder_decoder": "seq2seq"}
+
+
+def test_a_class_without_a_row_fails_loudly() -> None:
+    with pytest.raises(TypeError, match=r"ModelConfig.mlp.*'moe'.*variants.py"):
+        check_registry("mlp", {**MLP_CLASSES, "moe": object}, MLPS)
+    with pytest.raises(TypeError, match="norm"):
+        check_registry("norm", {"layernorm": object}, NORMS)
 
 
 def test_every_preset_builds() -> None:
@@ -114,18 +126,3 @@ def test_every_preset_builds() -> None:
 def test_unknown_preset() -> None:
     with pytest.raises(ValueError, match="unknown model preset 'gpt5'"):
         preset("gpt5")
-
-
-@pytest.mark.parametrize("name", sorted(PRESETS))
-def test_yaml_preset_mirrors_dataclass(name: str) -> None:
-    omegaconf = pytest.importorskip("omegaconf")
-    path = CONF_DIR / f"{name}.yaml"
-    assert path.is_file(), f"missing {path}"
-    loaded = omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.load(path))
-    assert list(loaded) == [f.name for f in dataclasses.fields(ModelConfig)]  # field for field
-    assert loaded == preset_dict(name)
-    # OmegaConf accepts the dataclass as a structured schema and the yaml merges into it
-    merged = omegaconf.OmegaConf.merge(omegaconf.OmegaConf.structured(ModelConfig), loaded)
-    data = omegaconf.OmegaConf.to_container(merged)
-    data["vocab_size"] = data["vocab_size"] or 50
-    assert ModelConfig(**data).n_params() > 0

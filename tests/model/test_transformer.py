@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from scalelab.model import Transformer
-from scalelab.model.config import MLPS, NORMS, POSITIONS
+from scalelab.model.variants import ARCHS, MLPS, NORM_POSITIONS, NORMS, POSITIONS
 
 from .helpers import tiny
 
@@ -86,7 +86,7 @@ def test_kv_cache_equals_full_forward(overrides: dict) -> None:
 
 
 def test_enc_dec_source_padding_never_affects_outputs() -> None:
-    for position in ("learned", "sinusoidal", "rope", "alibi"):
+    for position in POSITIONS:
         model = Transformer(tiny(arch="encoder_decoder", position=position)).eval()
         tgt = ids(1, 6)
         src = ids(1, 5)
@@ -109,9 +109,10 @@ GRAD_CASES = [
     dict(arch=a, norm=n, norm_position=np_, mlp=m, position=p, bias=b, tie_embeddings=t,
          n_kv_heads=kv, final_norm=fn)
     for i, (a, n, np_, m, p, b, t, kv, fn) in enumerate(
-        (a, NORMS[i % 2], ("pre", "post")[i // 2 % 2], MLPS[i % 3], p, i % 2 == 0, i % 3 == 0,
+        (a, list(NORMS)[i % len(NORMS)], list(NORM_POSITIONS)[i // 2 % len(NORM_POSITIONS)],
+         list(MLPS)[i % len(MLPS)], p, i % 2 == 0, i % 3 == 0,
          (None, 2, 1)[i % 3], (None, True)[i // 3 % 2])
-        for a in ("decoder", "encoder", "encoder_decoder") for i, p in enumerate(POSITIONS))
+        for a in ARCHS for i, p in enumerate(POSITIONS))
 ]
 
 

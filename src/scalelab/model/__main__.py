@@ -13,20 +13,23 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any
 
-from .config import ARCHS, MLPS, NORM_POSITIONS, NORMS, POSITIONS, ModelConfig
-from .presets import PRESETS, preset_dict
+from .config import ModelConfig
+from .presets import PRESETS, preset_dict, write_presets
 from .summary import render_summary, summarize
+from .variants import ARCHS, MLPS, NORM_POSITIONS, NORMS, POSITIONS
 
 _CHOICES = {"arch": ARCHS, "norm": NORMS, "norm_position": NORM_POSITIONS, "mlp": MLPS,
             "position": POSITIONS}
 
 
 def _parse_value(text: str, type_name: str) -> Any:
-    if text.lower() in ("null", "none") and "Optional" in type_name:
+    """A flag's value by the field's annotation, e.g. "int | None" (config.py's are strings)."""
+    if text.lower() in ("null", "none") and "None" in type_name:
         return None
-    base = type_name.replace("Optional[", "").rstrip("]")
+    base = type_name.split(" | ")[0]
     if base == "bool":
         if text.lower() in ("true", "1", "yes"):
             return True
@@ -47,12 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequence length T for the attention FLOPs (default: max_seq_len)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.add_argument("--list-presets", action="store_true", help="list presets and their N")
+    p.add_argument("--write-presets", type=Path, metavar="DIR",
+                   help="write the Hydra presets of presets.py as YAML into DIR "
+                        "(src/scalelab/conf/model) and exit")
     fields = p.add_argument_group("ModelConfig fields (see src/scalelab/model/config.py)")
     for f in dataclasses.fields(ModelConfig):
         type_name = str(f.type)
         fields.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=type_name.upper()
-            .replace("OPTIONAL[", "").rstrip("]"),
+            "--" + f.name.replace("_", "-"), dest=f.name, default=None,
+            metavar=type_name.split(" | ")[0].upper(),
             type=lambda s, t=type_name: _parse_value(s, t),
             help=(f"one of {', '.join(_CHOICES[f.name])}; " if f.name in _CHOICES else "")
             + f"default {f.default!r}")
@@ -72,8 +78,12 @@ def config_from_args(args: argparse.Namespace) -> ModelConfig:
     return ModelConfig.from_dict(values)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:  # noqa: UP045
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.write_presets:
+        for path in write_presets(args.write_presets):
+            print(path)
+        return 0
     if args.list_presets:
         for name in sorted(PRESETS):
             d = preset_dict(name)

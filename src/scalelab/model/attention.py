@@ -9,7 +9,6 @@ knowledge of positions or architecture beyond "rotate q/k" and "add this mask".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +25,7 @@ class AttnContext:
     rotary: Rotary = _identity  # applied to q and the new k (RoPE); identity otherwise
     # additive float mask broadcastable to [B, H, Tq, Tk]: 0 / bias where allowed, a very
     # negative number where not (padding, future). None: no mask.
-    mask: Optional[torch.Tensor] = None  # noqa: UP045
+    mask: torch.Tensor | None = None
     is_causal: bool = False  # SDPA's fast causal path; only used when mask is None
 
 
@@ -34,8 +33,8 @@ class KVCache:
     """Keys and values of one attention layer: past positions (self) or the encoder (cross)."""
 
     def __init__(self) -> None:
-        self.k: Optional[torch.Tensor] = None  # noqa: UP045  # [B, n_kv_heads, S, head_dim]
-        self.v: Optional[torch.Tensor] = None  # noqa: UP045
+        self.k: torch.Tensor | None = None  # [B, n_kv_heads, S, head_dim]
+        self.v: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -75,7 +74,7 @@ class SelfAttention(_Attention):
     """Causal (decoder) or bidirectional (encoder); which one is decided by ctx's mask."""
 
     def forward(self, x: torch.Tensor, ctx: AttnContext,
-                cache: Optional[KVCache] = None) -> torch.Tensor:  # noqa: UP045
+                cache: KVCache | None = None) -> torch.Tensor:
         q = ctx.rotary(self._heads(self.q_proj(x), self.n_heads))
         k = ctx.rotary(self._heads(self.k_proj(x), self.n_kv_heads))
         v = self._heads(self.v_proj(x), self.n_kv_heads)
@@ -91,7 +90,7 @@ class CrossAttention(_Attention):
     """Decoder queries attend to the encoder output ``memory`` (no positions applied)."""
 
     def forward(self, x: torch.Tensor, ctx: AttnContext, memory: torch.Tensor,
-                cache: Optional[KVCache] = None) -> torch.Tensor:  # noqa: UP045
+                cache: KVCache | None = None) -> torch.Tensor:
         q = self._heads(self.q_proj(x), self.n_heads)
         if cache is not None and cache.k is not None:  # encoder K/V computed once per sequence
             k, v = cache.k, cache.v

@@ -1,8 +1,9 @@
-"""Residual wrappers (pre-/post-LN, chosen by name) and the transformer blocks built from them."""
+"""Residual wrappers (pre-/post-LN, chosen by name: ``norm_position``) and the transformer blocks
+built from them. A wrapper is a class in RESIDUAL_CLASSES plus its row in variants.NORM_POSITIONS."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -12,6 +13,7 @@ from .attention import AttnContext, CrossAttention, KVCache, SelfAttention
 from .config import ModelConfig
 from .mlp import build_mlp
 from .norms import build_norm
+from .variants import NORM_POSITIONS, check_registry
 
 
 class PreNorm(nn.Module):
@@ -37,7 +39,8 @@ class PostNorm(nn.Module):
         return self.norm(x + self.drop(self.fn(x, **kw)))
 
 
-RESIDUALS: dict[str, type[nn.Module]] = {"pre": PreNorm, "post": PostNorm}
+RESIDUAL_CLASSES: dict[str, type[nn.Module]] = {"pre": PreNorm, "post": PostNorm}
+check_registry("norm_position", RESIDUAL_CLASSES, NORM_POSITIONS)
 
 
 class LayerCache:
@@ -53,12 +56,12 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        wrap = RESIDUALS[cfg.norm_position]
+        wrap = RESIDUAL_CLASSES[cfg.norm_position]
         self.self_attn = wrap(cfg, SelfAttention(cfg))
         self.mlp = wrap(cfg, build_mlp(cfg))
 
-    def forward(self, x: torch.Tensor, ctx: AttnContext, cache: Optional[LayerCache] = None,  # noqa: UP045
-                memory: Optional[torch.Tensor] = None, cross_ctx: Optional[AttnContext] = None,  # noqa: UP045
+    def forward(self, x: torch.Tensor, ctx: AttnContext, cache: LayerCache | None = None,
+                memory: torch.Tensor | None = None, cross_ctx: AttnContext | None = None,
                 ) -> torch.Tensor:
         x = self.self_attn(x, ctx=ctx, cache=None if cache is None else cache.self_attn)
         return self.mlp(x)
@@ -69,10 +72,10 @@ class CrossBlock(Block):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.cross_attn = RESIDUALS[cfg.norm_position](cfg, CrossAttention(cfg))
+        self.cross_attn = RESIDUAL_CLASSES[cfg.norm_position](cfg, CrossAttention(cfg))
 
-    def forward(self, x: torch.Tensor, ctx: AttnContext, cache: Optional[LayerCache] = None,  # noqa: UP045
-                memory: Optional[torch.Tensor] = None, cross_ctx: Optional[AttnContext] = None,  # noqa: UP045
+    def forward(self, x: torch.Tensor, ctx: AttnContext, cache: LayerCache | None = None,
+                memory: torch.Tensor | None = None, cross_ctx: AttnContext | None = None,
                 ) -> torch.Tensor:
         x = self.self_attn(x, ctx=ctx, cache=None if cache is None else cache.self_attn)
         x = self.cross_attn(x, ctx=cross_ctx, memory=memory,
@@ -93,9 +96,9 @@ class Stack(nn.Module):
         self.checkpointing = False
 
     def forward(self, x: torch.Tensor, ctx: AttnContext,
-                caches: Optional[list[LayerCache]] = None,  # noqa: UP045
-                memory: Optional[torch.Tensor] = None,  # noqa: UP045
-                cross_ctx: Optional[AttnContext] = None) -> torch.Tensor:  # noqa: UP045
+                caches: list[LayerCache] | None = None,
+                memory: torch.Tensor | None = None,
+                cross_ctx: AttnContext | None = None) -> torch.Tensor:
         recompute = self.checkpointing and self.training and torch.is_grad_enabled() and caches is None
         for i, block in enumerate(self.blocks):
             if recompute:

@@ -1,27 +1,27 @@
 """ModelConfig: the single source of truth for a transformer's shape.
 
 Validation, the exact parameter count and the FLOPs per token all derive from this
-dataclass alone (no torch import, no allocation), so a GPT-3-sized shape can be
-accounted for on a laptop. The Hydra presets in ``conf/model/*.yaml`` mirror it field
-for field; that is why the fields use ``Optional[X]`` and plain ``str`` (OmegaConf 2.3
-rejects PEP 604 unions and ``Literal``).
+dataclass and the variant tables in variants.py (no torch import, no allocation), so a
+GPT-3-sized shape can be accounted for on a laptop. Its defaults are the source of every
+preset's unlisted fields: the Hydra presets in ``conf/model/*.yaml`` list only what differs
+(they are generated from presets.py), and the train schema fills in the rest from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any
 
-# Names accepted by the string fields. The module registries (norms.NORMS, mlp.MLPS, ...)
-# use exactly these keys; a test checks that they agree.
-ARCHS = ("decoder", "encoder", "encoder_decoder")
-NORMS = ("layernorm", "rmsnorm")
-NORM_POSITIONS = ("pre", "post")
-MLPS = ("gelu", "relu", "swiglu")
-POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+from . import accounting
+from .accounting import Component
+from .variants import ARCHS, MLPS, NORM_POSITIONS, NORMS, POSITIONS
+
+# standard: one lr and the GPT-2 init; mup: µP relative to mup_base_width (see the field)
 PARAMETRIZATIONS = ("standard", "mup")
+
+__all__ = ["ARCHS", "MLPS", "NORMS", "NORM_POSITIONS", "PARAMETRIZATIONS", "POSITIONS",
+           "Component", "ModelConfig"]
 
 
 @dataclass
@@ -30,31 +30,31 @@ class ModelConfig:
 
     # --- architecture -------------------------------------------------------------------
     arch: str = "decoder"  # decoder (GPT) | encoder (BERT) | encoder_decoder (2017 Transformer)
-    # Optional so a Hydra preset can say `null` and let the tokenizer fill it in; it must be a
+    # None so a Hydra preset can say `null` and let the tokenizer fill it in; it must be a
     # positive int by the time the config is built.
-    vocab_size: Optional[int] = 50257  # noqa: UP045
+    vocab_size: int | None = 50257
     max_seq_len: int = 1024  # n_ctx: size of learned position table, default eval length
     d_model: int = 768
     n_layers: int = 12  # blocks per stack; enc-dec uses it for both stacks unless overridden
-    n_encoder_layers: Optional[int] = None  # noqa: UP045  # encoder_decoder only (None -> n_layers)
-    n_decoder_layers: Optional[int] = None  # noqa: UP045  # encoder_decoder only (None -> n_layers)
+    n_encoder_layers: int | None = None  # encoder_decoder only (None -> n_layers)
+    n_decoder_layers: int | None = None  # encoder_decoder only (None -> n_layers)
     n_heads: int = 12
-    n_kv_heads: Optional[int] = None  # noqa: UP045  # GQA: None -> n_heads (MHA); 1 -> MQA
+    n_kv_heads: int | None = None  # GQA: None -> n_heads (MHA); 1 -> MQA
     # --- feed-forward -------------------------------------------------------------------
-    # None -> 4*d_model (gelu/relu). SwiGLU has three matrices instead of two, so the hidden
-    # size shrinks to 8d/3 to keep ~8d^2 params (Shazeer 2020, Llama), then is rounded UP to
-    # a multiple of ffn_multiple_of. 32 keeps tiny CPU models within a few % of 8d^2 while
-    # giving GPU-friendly matmul shapes; Llama used 256 (set 256 to get d_ff=11008 at d=4096).
-    d_ff: Optional[int] = None  # noqa: UP045
+    # None -> the mlp's rule in variants.MLPS: 4*d_model (gelu/relu); gated MLPs (swiglu) have
+    # three matrices, so 8d/3 rounded UP to a multiple of ffn_multiple_of. 32 keeps tiny CPU
+    # models within a few % of 8d^2 while giving GPU-friendly matmul shapes; Llama used 256
+    # (set 256 to get d_ff=11008 at d=4096).
+    d_ff: int | None = None
     ffn_multiple_of: int = 32
-    mlp: str = "gelu"  # gelu | relu | swiglu
+    mlp: str = "gelu"  # a key of variants.MLPS: gelu (GPT-2), relu (2017), swiglu (Llama), ...
     # --- normalization ------------------------------------------------------------------
-    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm: str = "layernorm"  # a key of variants.NORMS: layernorm, rmsnorm, ...
     norm_position: str = "pre"  # pre: x + F(LN(x)) (GPT-2) | post: LN(x + F(x)) (2017, BERT)
     norm_eps: float = 1e-5
-    final_norm: Optional[bool] = None  # noqa: UP045  # None -> True for pre-LN, False for post-LN
+    final_norm: bool | None = None  # None -> True for pre-LN, False for post-LN
     # --- positions ----------------------------------------------------------------------
-    position: str = "learned"  # learned | sinusoidal | rope | alibi | none
+    position: str = "learned"  # a key of variants.POSITIONS: learned, sinusoidal, rope, alibi, none
     rope_base: float = 10000.0
     # --- misc ---------------------------------------------------------------------------
     bias: bool = True  # biases in linear layers and LayerNorm
@@ -73,19 +73,27 @@ class ModelConfig:
     # init std / sqrt(m) and lr / m (Adam), the logits are multiplied by 1/m and attention
     # scores use 1/head_dim; an lr tuned at the base width then stays optimal as width grows.
     parametrization: str = "standard"  # standard | mup
-    mup_base_width: Optional[int] = None  # noqa: UP045  # mup: the d_model the lr was tuned at
+    mup_base_width: int | None = None  # mup: the d_model the lr was tuned at
 
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
         # the values as given (before d_ff, n_kv_heads, final_norm are derived), for replace()
         self._given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        self._check_name("arch", ARCHS)
-        self._check_name("norm", NORMS)
-        self._check_name("norm_position", NORM_POSITIONS)
-        self._check_name("mlp", MLPS)
-        self._check_name("position", POSITIONS)
-        self._check_name("parametrization", PARAMETRIZATIONS)
+        for name, table in (("arch", ARCHS), ("norm", NORMS), ("norm_position", NORM_POSITIONS),
+                            ("mlp", MLPS), ("position", POSITIONS),
+                            ("parametrization", PARAMETRIZATIONS)):
+            if getattr(self, name) not in table:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is unknown; "
+                                 f"choose one of {', '.join(table)}")
+        self._check_types()
+        self._check_shape()
         self._check_mup()
+        if self.d_ff is None:
+            self.d_ff = self.default_d_ff()
+        if self.final_norm is None:
+            self.final_norm = NORM_POSITIONS[self.norm_position].final_norm
+
+    def _check_types(self) -> None:
         for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads",
                      "ffn_multiple_of"):
             self._check_positive_int(name)
@@ -106,7 +114,8 @@ class ModelConfig:
         if self.final_norm is not None and not isinstance(self.final_norm, bool):
             raise ValueError(f"ModelConfig.final_norm={self.final_norm!r}: must be true, false or null")
 
-        if self.arch != "encoder_decoder":
+    def _check_shape(self) -> None:
+        if not ARCHS[self.arch].cross:
             for name in ("n_encoder_layers", "n_decoder_layers"):
                 if getattr(self, name) is not None:
                     raise ValueError(
@@ -122,24 +131,12 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.n_heads={self.n_heads} must be divisible by "
                 f"n_kv_heads={self.n_kv_heads} (each K/V head serves n_heads/n_kv_heads query heads)")
-        if self.position == "rope" and self.head_dim % 2:
+        even = POSITIONS[self.position].even
+        if even is not None and getattr(self, even) % 2:
             raise ValueError(
-                f"ModelConfig.position='rope' needs an even head_dim, got head_dim={self.head_dim} "
-                f"(d_model={self.d_model} / n_heads={self.n_heads}); RoPE rotates pairs of dims")
-        if self.position == "sinusoidal" and self.d_model % 2:
-            raise ValueError(
-                f"ModelConfig.position='sinusoidal' needs an even d_model, got {self.d_model} "
-                f"(sin/cos come in pairs)")
-        if self.d_ff is None:
-            self.d_ff = self.default_d_ff()
-        if self.final_norm is None:
-            self.final_norm = self.norm_position == "pre"
-
-    def _check_name(self, name: str, allowed: tuple[str, ...]) -> None:
-        value = getattr(self, name)
-        if value not in allowed:
-            raise ValueError(
-                f"ModelConfig.{name}={value!r} is unknown; choose one of {', '.join(allowed)}")
+                f"ModelConfig.position={self.position!r} needs an even {even}, got "
+                f"{even}={getattr(self, even)} (d_model={self.d_model}, n_heads={self.n_heads}); "
+                f"{POSITIONS[self.position].why}")
 
     def _check_mup(self) -> None:
         if self.parametrization == "mup":
@@ -160,10 +157,8 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive integer{hint}")
 
     def default_d_ff(self) -> int:
-        if self.mlp == "swiglu":
-            hidden = int(8 * self.d_model / 3)
-            return self.ffn_multiple_of * math.ceil(hidden / self.ffn_multiple_of)
-        return 4 * self.d_model
+        """d_ff when it is null: the mlp's rule in variants.MLPS."""
+        return MLPS[self.mlp].default_d_ff(self.d_model, self.ffn_multiple_of)
 
     # --- derived shape --------------------------------------------------------------------
     @property
@@ -177,19 +172,15 @@ class ModelConfig:
     @property
     def encoder_layers(self) -> int:
         """Blocks in the encoder stack (0 for a decoder-only model)."""
-        if self.arch == "decoder":
+        if not ARCHS[self.arch].encoder:
             return 0
-        if self.arch == "encoder":
-            return self.n_layers
         return self.n_encoder_layers if self.n_encoder_layers is not None else self.n_layers
 
     @property
     def decoder_layers(self) -> int:
         """Blocks in the decoder stack (0 for an encoder-only model)."""
-        if self.arch == "encoder":
+        if not ARCHS[self.arch].decoder:
             return 0
-        if self.arch == "decoder":
-            return self.n_layers
         return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
 
     @property
@@ -231,7 +222,7 @@ class ModelConfig:
         The sum over components equals ``sum(p.numel() for p in Transformer(cfg).parameters())``
         for every combination of options (tests/model/test_accounting.py checks a full grid).
         """
-        return _breakdown(self)
+        return accounting.breakdown(self)
 
     def n_params(self, non_embedding: bool = False) -> int:
         """Total parameters N (tied weights once).
@@ -250,7 +241,7 @@ class ModelConfig:
         """
         return self.n_params(non_embedding=True) + self.vocab_size * self.d_model
 
-    def attention_flops_per_token(self, seq_len: Optional[int] = None) -> int:  # noqa: UP045
+    def attention_flops_per_token(self, seq_len: int | None = None) -> int:
         """Forward FLOPs/token of the attention scores (QK^T and AV): 2 * 2 * T * d per layer.
 
         Encoder-decoder, per target token, assuming the source is as long as the target
@@ -258,11 +249,11 @@ class ModelConfig:
         cross-attention 4*L_dec*S*d. The causal mask's halving is ignored (PaLM convention).
         """
         t = self.max_seq_len if seq_len is None else int(seq_len)
-        cross_layers = self.decoder_layers if self.arch == "encoder_decoder" else 0
+        cross_layers = self.decoder_layers if ARCHS[self.arch].cross else 0
         return 4 * (self.n_layers_total + cross_layers) * t * self.d_model
 
     def flops_per_token(self, training: bool = True, attention: bool = True,
-                        seq_len: Optional[int] = None) -> int:  # noqa: UP045
+                        seq_len: int | None = None) -> int:
         """FLOPs per token (PaLM appendix B / Chinchilla convention).
 
         forward  = 2 * N_matmul + (attention ? 4 * L * T * d : 0)
@@ -275,82 +266,3 @@ class ModelConfig:
         if attention:
             fwd += self.attention_flops_per_token(seq_len)
         return 3 * fwd if training else fwd
-
-
-@dataclass(frozen=True)
-class Component:
-    """One row of the accounting: ``count`` identical instances of ``params`` parameters."""
-
-    name: str
-    kind: str  # embedding | position | block | final_norm | head | attention_scores
-    params: int  # per instance
-    count: int = 1
-    # forward FLOPs per token per instance; matmul rows 2*params, the output layer 2*V*d
-    fwd_flops: int = 0
-    extra: dict = field(default_factory=dict, compare=False)
-
-    @property
-    def total_params(self) -> int:
-        return self.params * self.count
-
-    @property
-    def total_fwd_flops(self) -> int:
-        return self.fwd_flops * self.count
-
-
-def _norm_params(cfg: ModelConfig) -> int:
-    # LayerNorm: gain (+ bias when bias=True); RMSNorm: gain only.
-    return cfg.d_model * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
-
-
-def _attn_params(cfg: ModelConfig) -> int:
-    d, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
-    weights = d * d + 2 * d * kv + d * d  # q, k, v, out projections
-    biases = (d + 2 * kv + d) if cfg.bias else 0
-    return weights + biases
-
-
-def _mlp_params(cfg: ModelConfig) -> int:
-    d, f = cfg.d_model, cfg.d_ff
-    assert f is not None
-    n_in = 2 if cfg.mlp == "swiglu" else 1  # SwiGLU: gate and up projections
-    weights = n_in * d * f + f * d
-    biases = (n_in * f + d) if cfg.bias else 0
-    return weights + biases
-
-
-def _breakdown(cfg: ModelConfig) -> list[Component]:
-    d, v = cfg.d_model, cfg.vocab_size
-    assert v is not None
-    rows = [Component("token embedding", "embedding", v * d)]
-    if cfg.position == "learned":  # one table, shared by encoder and decoder
-        rows.append(Component("position embedding (learned)", "embedding", cfg.max_seq_len * d))
-    if cfg.embed_norm:
-        rows.append(Component(f"embedding norm ({cfg.norm})", "final_norm", _norm_params(cfg), 1,
-                              2 * _norm_params(cfg)))
-    attn, mlp, norm = _attn_params(cfg), _mlp_params(cfg), _norm_params(cfg)
-    t_attn = 4 * cfg.max_seq_len * d  # QK^T + AV forward FLOPs/token per attention layer
-    stacks = [("encoder", cfg.encoder_layers, False), ("decoder", cfg.decoder_layers,
-                                                      cfg.arch == "encoder_decoder")]
-    for stack, n, cross in stacks:
-        if n == 0:
-            continue
-        rows.append(Component(f"{stack} block: self-attention", "block", attn, n, 2 * attn))
-        rows.append(Component(f"{stack} block: attention scores", "attention_scores", 0, n, t_attn))
-        if cross:
-            rows.append(Component(f"{stack} block: cross-attention", "block", attn, n, 2 * attn))
-            rows.append(Component(f"{stack} block: cross-attention scores", "attention_scores",
-                                  0, n, t_attn))
-        rows.append(Component(f"{stack} block: mlp ({cfg.mlp})", "block", mlp, n, 2 * mlp))
-        n_norms = 3 if cross else 2
-        rows.append(Component(f"{stack} block: norms ({cfg.norm})", "block", n_norms * norm, n,
-                              2 * n_norms * norm))
-        if cfg.final_norm:
-            rows.append(Component(f"{stack} final norm", "final_norm", norm, 1, 2 * norm))
-    if cfg.mlm_head:  # BERT's transform: dense d->d (+ bias), GELU, norm
-        transform = d * d + (d if cfg.bias else 0) + _norm_params(cfg)
-        rows.append(Component("mlm head transform", "block", transform, 1, 2 * transform))
-    head = (0 if cfg.tie_embeddings else v * d) + (v if cfg.mlm_head else 0)  # + output bias
-    name = "output layer (tied to token embedding)" if cfg.tie_embeddings else "output layer"
-    rows.append(Component(name, "head", head, 1, 2 * v * d))
-    return rows

@@ -1,4 +1,7 @@
-"""Normalization layers, chosen by name via NORMS (``norm: layernorm | rmsnorm``)."""
+"""Normalization layers, chosen by name (``norm: layernorm | rmsnorm``).
+
+A variant is a class in NORM_CLASSES plus its row in variants.NORMS (gain, bias).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .variants import NORMS, check_registry
 
 
 class LayerNorm(nn.Module):
@@ -37,8 +41,9 @@ class RMSNorm(nn.Module):
         return (y * self.weight.float()).type_as(x)
 
 
-NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+NORM_CLASSES: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+check_registry("norm", NORM_CLASSES, NORMS)
 
 
 def build_norm(cfg: ModelConfig) -> nn.Module:
-    return NORMS[cfg.norm](cfg)
+    return NORM_CLASSES[cfg.norm](cfg)

@@ -1,4 +1,7 @@
-"""Position information, chosen by name via POSITIONS.
+"""Position information, chosen by name (``position: learned | sinusoidal | rope | alibi | none``).
+
+A variant is a Position subclass in POSITION_CLASSES plus its row in variants.POSITIONS
+(a learned table or not, a dimension that must be even).
 
 Each variant answers the same three questions, so the model never branches on names:
   embed(x, pos)     add a position signal to the token embeddings (learned, sinusoidal)
@@ -11,12 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Optional
 
 import torch
 from torch import nn
 
 from .config import ModelConfig
+from .variants import POSITIONS, check_registry
 
 Rotary = Callable[[torch.Tensor], torch.Tensor]
 
@@ -25,8 +28,8 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-class NoPosition(nn.Module):
-    """No explicit positions (a causal decoder can still infer them; Haviv et al. 2022)."""
+class Position(nn.Module):
+    """The interface: no position signal at all unless a subclass adds one."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -41,11 +44,15 @@ class NoPosition(nn.Module):
     def rotary(self, pos: torch.Tensor) -> Rotary:
         return _identity
 
-    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:  # noqa: UP045
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-class LearnedPosition(NoPosition):
+class NoPosition(Position):
+    """No explicit positions (a causal decoder can still infer them; Haviv et al. 2022)."""
+
+
+class LearnedPosition(Position):
     """A trainable table of max_seq_len vectors (GPT-2, BERT); shared by enc and dec stacks."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -71,7 +78,7 @@ def sinusoidal_table(pos: torch.Tensor, d: int) -> torch.Tensor:
     return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)  # interleave sin, cos
 
 
-class SinusoidalPosition(NoPosition):
+class SinusoidalPosition(Position):
     """Fixed sinusoids, computed on the fly (no parameters, no length limit)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -99,7 +106,7 @@ def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (tf * cos + rotated * sin).type_as(t)
 
 
-class RotaryPosition(NoPosition):
+class RotaryPosition(Position):
     """RoPE (Su et al. 2021): q and k rotated by position so q.k depends on p - q only."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -128,7 +135,7 @@ def alibi_slopes(n_heads: int) -> list[float]:
     return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][: n_heads - closest]
 
 
-class AlibiPosition(NoPosition):
+class AlibiPosition(Position):
     """Linear biases: score(i, j) += slope_h * (j - i) for keys j <= i.
 
     Bidirectional attention (encoder) uses the symmetric -slope_h * |j - i|, which equals
@@ -140,19 +147,20 @@ class AlibiPosition(NoPosition):
         slopes = torch.tensor(alibi_slopes(cfg.n_heads), dtype=torch.float32)
         self.register_buffer("slopes", slopes, persistent=False)
 
-    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:  # noqa: UP045
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         dist = (k_pos[None, :] - q_pos[:, None]).abs().float()
         return -self.slopes.to(q_pos.device)[:, None, None] * dist[None]
 
 
-POSITIONS: dict[str, type[NoPosition]] = {
+POSITION_CLASSES: dict[str, type[Position]] = {
     "learned": LearnedPosition,
     "sinusoidal": SinusoidalPosition,
     "rope": RotaryPosition,
     "alibi": AlibiPosition,
     "none": NoPosition,
 }
+check_registry("position", POSITION_CLASSES, POSITIONS)
 
 
-def build_position(cfg: ModelConfig) -> NoPosition:
-    return POSITIONS[cfg.position](cfg)
+def build_position(cfg: ModelConfig) -> Position:
+    return POSITION_CLASSES[cfg.position](cfg)

@@ -8,12 +8,12 @@ needs torch).
 from __future__ import annotations
 
 import io
-from typing import Any, Optional
+from typing import Any
 
 from .config import ModelConfig
 
 
-def summarize(cfg: ModelConfig, seq_len: Optional[int] = None) -> dict[str, Any]:  # noqa: UP045
+def summarize(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, Any]:
     """All numbers the summary prints, as a dict (also what ``--json`` emits)."""
     t = cfg.max_seq_len if seq_len is None else int(seq_len)
     n = cfg.n_params()
@@ -76,7 +76,7 @@ def _totals(s: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def render_summary(cfg: ModelConfig, seq_len: Optional[int] = None) -> str:  # noqa: UP045
+def render_summary(cfg: ModelConfig, seq_len: int | None = None) -> str:
     """The summary as text (rich-rendered tables when rich is available)."""
     s = summarize(cfg, seq_len)
     try:

@@ -7,7 +7,6 @@ ignore_index=-100)``.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +17,8 @@ from .blocks import LayerCache, Stack
 from .config import ModelConfig
 from .mlp import MLMTransform
 from .norms import build_norm
-from .positions import NoPosition, build_position
+from .positions import Position, build_position
+from .variants import ARCHS
 
 # Masked scores get this instead of -inf: finite in fp16/bf16 too, so a row whose keys are
 # all padding gives a harmless uniform average instead of NaN.
@@ -26,8 +26,8 @@ MASK_VALUE = -3.0e4
 
 
 def build_context(q_pos: torch.Tensor, k_len: int, causal: bool,
-                  key_keep: Optional[torch.Tensor],  # noqa: UP045
-                  bias: Optional[torch.Tensor]) -> AttnContext:  # noqa: UP045
+                  key_keep: torch.Tensor | None,
+                  bias: torch.Tensor | None) -> AttnContext:
     """One additive mask from causality, key padding (bool [B, Tk], True = real token) and a
     positional bias ([H, Tq, Tk], ALiBi). Without any of them SDPA's own causal path is used."""
     q_len = q_pos.shape[0]
@@ -49,9 +49,9 @@ class DecodeCache:
 
     def __init__(self, n_layers: int) -> None:
         self.layers = [LayerCache() for _ in range(n_layers)]
-        self.key_keep: Optional[torch.Tensor] = None  # noqa: UP045  # [B, T_past] bool
-        self.memory: Optional[torch.Tensor] = None  # noqa: UP045
-        self.src_keep: Optional[torch.Tensor] = None  # noqa: UP045
+        self.key_keep: torch.Tensor | None = None  # [B, T_past] bool
+        self.memory: torch.Tensor | None = None
+        self.src_keep: torch.Tensor | None = None
 
     @property
     def offset(self) -> int:
@@ -71,10 +71,10 @@ class Transformer(nn.Module):
         self.cfg = cfg
         assert cfg.vocab_size is not None and cfg.d_model is not None
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)  # shared by src, tgt (2017)
-        self.pos: NoPosition = build_position(cfg)
+        self.pos: Position = build_position(cfg)
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.drop = nn.Dropout(cfg.dropout)
-        self.is_seq2seq = cfg.arch == "encoder_decoder"
+        self.is_seq2seq = ARCHS[cfg.arch].cross
         self.encoder = Stack(cfg, cfg.encoder_layers, cross=False) if cfg.encoder_layers else None
         self.decoder = (Stack(cfg, cfg.decoder_layers, cross=self.is_seq2seq)
                         if cfg.decoder_layers else None)
@@ -127,7 +127,7 @@ class Transformer(nn.Module):
         return self.drop(x)
 
     def encode(self, src_ids: torch.Tensor,
-               src_mask: Optional[torch.Tensor] = None) -> torch.Tensor:  # noqa: UP045
+               src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Encoder output [B, S, d] (bidirectional, source padding masked as keys)."""
         assert self.encoder is not None
         s = src_ids.shape[1]
@@ -138,10 +138,10 @@ class Transformer(nn.Module):
         return self.encoder(self._embed(src_ids, pos), ctx)
 
     def forward(self, input_ids: torch.Tensor,
-                attention_mask: Optional[torch.Tensor] = None,  # noqa: UP045
-                src_ids: Optional[torch.Tensor] = None,  # noqa: UP045
-                src_mask: Optional[torch.Tensor] = None,  # noqa: UP045
-                cache: Optional[DecodeCache] = None) -> torch.Tensor:  # noqa: UP045
+                attention_mask: torch.Tensor | None = None,
+                src_ids: torch.Tensor | None = None,
+                src_mask: torch.Tensor | None = None,
+                cache: DecodeCache | None = None) -> torch.Tensor:
         """Logits [B, T, V].
 
         input_ids: [B, T] tokens (decoder: the sequence; encoder: the (masked) sequence;
@@ -202,10 +202,10 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: Optional[int] = None, *,  # noqa: UP045
-                 src_ids: Optional[torch.Tensor] = None,  # noqa: UP045
-                 src_mask: Optional[torch.Tensor] = None,  # noqa: UP045
-                 eos_token_id: Optional[int] = None) -> torch.Tensor:  # noqa: UP045
+                 top_k: int | None = None, *,
+                 src_ids: torch.Tensor | None = None,
+                 src_mask: torch.Tensor | None = None,
+                 eos_token_id: int | None = None) -> torch.Tensor:
         """Append up to max_new_tokens sampled tokens to input_ids [B, T]; returns [B, T + n].
 
         temperature=0 is greedy. Uses the KV cache; once the context holds max_seq_len tokens
@@ -241,7 +241,7 @@ class Transformer(nn.Module):
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0,
-                top_k: Optional[int] = None) -> torch.Tensor:  # noqa: UP045
+                top_k: int | None = None) -> torch.Tensor:
     """One token per row from logits [B, V]: greedy if temperature == 0, else top-k sampling."""
     if temperature == 0:
         return logits.argmax(-1)

@@ -20,12 +20,12 @@ from typing import Optional
 
 import pandas as pd
 
+from scalelab.model.accounting import N_KEYS
 from scalelab.tracking.final import final_values
 from scalelab.tracking.sweep import ChildRun, SweepParent, metric_history, open_parent
 
-# the column names of scalelab.scaling.fit_data (prepare_runs reads them by convention)
-N_COLUMNS = {"matmul": "n_params_matmul", "non_embedding": "n_params_non_embedding",
-             "total": "n_params"}
+# N convention -> column (the logged param's key), as scalelab.scaling.fit_data reads them
+N_COLUMNS = N_KEYS
 C_COLUMNS = {"attention": "flops", "6n": "flops_6n"}
 # the fixed held-out set's loss when the sweep scored it (sweep.heldout_tokens), else the run's own
 FINAL_LOSS_KEYS = ("final/heldout_loss", "final/val_loss", "val/loss")
@@ -61,9 +61,7 @@ def _row(c: ChildRun) -> dict:
         "variant": t.get("sweep_variant", "default"),
         "budget": _num(t, "sweep_budget", _num(p, "compute")),
         "size_index": int(_num(t, "sweep_size_index", 0)),
-        "n_params": _num(p, "n_params"),
-        "n_params_non_embedding": _num(p, "n_params_non_embedding"),
-        "n_params_matmul": _num(p, "n_params_matmul"), "D": tokens,
+        **{key: _num(p, key) for key in N_KEYS.values()}, "D": tokens,
         "flops": fpt * tokens, "flops_6n": fpt6 * tokens,
         "flops_per_token": fpt, "flops_per_token_6n": fpt6,
         "loss": float(loss), "bpb": float(m.get("final/val_bpb", m.get("val/bpb", float("nan")))),

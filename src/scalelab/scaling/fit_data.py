@@ -14,11 +14,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-N_COLUMNS = {
-    "matmul": "n_params_matmul",
-    "total": "n_params",
-    "non_embedding": "n_params_non_embedding",
-}
+from scalelab.model.accounting import N_KEYS as N_COLUMNS  # N convention -> column
+
 FLOPS_CONVENTIONS = ("attention", "6n")
 
 

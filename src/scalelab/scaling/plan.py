@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from scalelab.model.accounting import N_CONVENTIONS, n_counts
 from scalelab.model.config import ModelConfig
 
-N_CONVENTIONS = ("matmul", "non_embedding", "total")
 LR_RULES = ("fixed", "inverse_width")
 MODES = ("isoflop", "grid")
 
@@ -460,10 +460,7 @@ _N_CACHE: dict[tuple[int, str], int] = {}
 def _n_of(cfg: ModelConfig, convention: str) -> int:
     key = (id(cfg), convention)  # cfg objects live in _CACHE, so ids are stable
     if key not in _N_CACHE:
-        if convention == "matmul":
-            _N_CACHE[key] = cfg.n_params_matmul()
-        else:
-            _N_CACHE[key] = cfg.n_params(non_embedding=convention == "non_embedding")
+        _N_CACHE[key] = N_CONVENTIONS[convention].count(cfg)
     return _N_CACHE[key]
 
 
@@ -660,9 +657,7 @@ def _point(cfg: ModelConfig, budget: float, tokens: float, tps: int, variant: st
     steps = max(1, round(tokens / tps))
     return PlanPoint(
         variant=variant, budget=budget, n_layers=cfg.n_layers, d_model=cfg.d_model,
-        n_heads=cfg.n_heads, n_params=cfg.n_params(),
-        n_params_non_embedding=cfg.n_params(non_embedding=True),
-        n_params_matmul=cfg.n_params_matmul(), flops_per_token=cfg.flops_per_token(seq_len=seq_len),
+        n_heads=cfg.n_heads, **n_counts(cfg), flops_per_token=cfg.flops_per_token(seq_len=seq_len),
         flops_per_token_6n=cfg.flops_per_token(attention=False), tokens=steps * tps, steps=steps,
         tokens_per_step=tps, lr=0.0, warmup_steps=0, model_overrides=model_over,
         extra_overrides=dict(extra), size_index=size_index)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from scalelab.model import ModelConfig
+from scalelab.model.accounting import n_counts
 
 SHAPE_KEYS = (
     "arch", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "norm", "norm_position",
@@ -46,9 +47,7 @@ def run_params(
         objective=objective,
         block_size=seq_len,
         seq_len=seq_len,
-        n_params=model.n_params(),
-        n_params_non_embedding=model.n_params(non_embedding=True),
-        n_params_matmul=model.n_params_matmul(),
+        **n_counts(model),  # n_params, n_params_non_embedding, n_params_matmul
         flops_per_token=fpt,
         flops_per_token_6n=fpt_6n,
         max_steps=max_steps,

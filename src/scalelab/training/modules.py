@@ -25,6 +25,7 @@ from pytorch_lightning.plugins.precision import MixedPrecision
 from torch import nn
 
 from scalelab.model import ModelConfig, Transformer
+from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.config import OptimConfig
 from scalelab.training.optim import GroupSummary, build_optimizer
 from scalelab.training.schedules import build_lr_lambda
@@ -525,7 +526,7 @@ class Seq2Seq(LMModule):
 
 
 OBJECTIVES: dict[str, type[LMModule]] = {"causal": CausalLM, "mlm": MaskedLM, "seq2seq": Seq2Seq}
-ARCH_TO_OBJECTIVE = {"decoder": "causal", "encoder": "mlm", "encoder_decoder": "seq2seq"}
+ARCH_TO_OBJECTIVE = OBJECTIVE_OF_ARCH  # the model's table: one owner of arch <-> objective
 
 
 def module_class(objective_or_arch: str) -> type[LMModule]:
