@@ -69,7 +69,9 @@ def test_mup_init_divides_hidden_std_by_sqrt_m_and_keeps_embeddings() -> None:
     assert attn.q_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(m), rel=0.05)
     assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert model.output_mult == pytest.approx(1 / m)
-    assert attn.scale == pytest.approx(1 / cfg.head_dim)
+    assert attn.scale == pytest.approx(1 / math.sqrt(cfg.head_dim * m))  # ∝ 1/head_dim
+    at_base = Transformer(_cfg("mup", WIDTHS[0])).decoder.blocks[0].self_attn.fn
+    assert at_base.scale == pytest.approx(1 / math.sqrt(at_base.head_dim))  # = standard
 
 
 def test_parametrization_changes_neither_parameter_count_nor_flops() -> None:

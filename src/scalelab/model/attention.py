@@ -8,6 +8,8 @@ knowledge of positions or architecture beyond "rotate q/k" and "add this mask".
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -52,8 +54,11 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(d, d, bias=cfg.bias)
         self.o_proj.residual_out = True  # type: ignore[assignment]  # scaled at init (GPT-2)
         self.dropout = cfg.dropout
-        # µP: 1/head_dim keeps attention logits O(1) as heads widen; None = SDPA's 1/sqrt(hd)
-        self.scale = 1.0 / cfg.head_dim if cfg.parametrization == "mup" else None
+        # µP: 1/sqrt(head_dim * m), i.e. sqrt(base head_dim) / head_dim: the 1/head_dim law
+        # that keeps attention logits O(1) as heads widen, equal to SDPA's default 1/sqrt(hd)
+        # (None) at the base width, so an lr tuned there means the same model.
+        m = cfg.width_multiplier
+        self.scale = 1.0 / math.sqrt(cfg.head_dim * m) if cfg.parametrization == "mup" else None
 
     def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
         b, s, _ = t.shape

@@ -71,7 +71,7 @@ class ModelConfig:
     # standard: the init above and one learning rate for every matrix. mup (µP, Yang et al.
     # 2022, "Tensor Programs V"): with m = d_model / mup_base_width, hidden matrices get
     # init std / sqrt(m) and lr / m (Adam), the logits are multiplied by 1/m and attention
-    # scores use 1/head_dim; an lr tuned at the base width then stays optimal as width grows.
+    # scores by 1/sqrt(head_dim * m) (the 1/head_dim law, equal to standard at the base width); an lr tuned at the base width then stays optimal as width grows.
     parametrization: str = "standard"  # standard | mup
     mup_base_width: int | None = None  # mup: the d_model the lr was tuned at
 
