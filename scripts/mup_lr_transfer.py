@@ -3,7 +3,7 @@ widths and learning rates, under the standard parametrization and under µP
 (``model.parametrization=mup``), and plot the final held-out loss against the lr.
 
     python scripts/mup_lr_transfer.py [--text ../shared/data/tinyshakespeare.txt]
-        [--widths 32,64,128,256] [--steps 250] [--out docs/img/mup]
+        [--widths 32,64,128,256] [--steps 200] [--out docs/img/mup]
 
 Under µP the optimum stays at the same lr as the width grows (Yang et al. 2022); under the
 standard parametrization it drifts to smaller lrs. The models, the optimizer and its µP
@@ -97,8 +97,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--text", type=Path, default=Path("../shared/data/tinyshakespeare.txt"))
     ap.add_argument("--widths", default="32,64,128,256")
-    ap.add_argument("--lrs", default="2**-12,2**-11,2**-10,2**-9,2**-8,2**-7,2**-6,2**-5")
-    ap.add_argument("--steps", type=int, default=250)
+    ap.add_argument("--lrs", default="2**-11,2**-10,2**-9,2**-8,2**-7,2**-6,2**-5")
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", type=Path, default=Path("docs/img/mup"))
     args = ap.parse_args()
     torch.set_num_threads(thread_plan().threads)
