@@ -283,3 +283,18 @@ def test_wsd_point_configs_compose_into_main_and_branch_runs(tmp_path):
                                      / f"step_{branch.start_step}.ckpt")
     assert cb.train.max_steps == branch.steps and cb.tags.wsd_branch_of == main.point_id
     assert cb.paths.output_dir == str(tmp_path / "runs" / branch.name)
+
+
+def test_mup_sweep_refuses_the_inverse_width_rule_and_keeps_one_lr_with_fixed():
+    mup = {"parametrization": "mup", "mup_base_width": 32}
+    spec = SweepSpec(budgets=[1e12, 3e12], sizes_per_budget=4, size_span=16.0)
+    with pytest.raises(ValueError, match="set sweep.lr_rule=fixed"):
+        make_plan(spec, FAMILY, BASE | mup, TPS)
+    fixed = SweepSpec(budgets=[1e12, 3e12], sizes_per_budget=4, size_span=16.0,
+                      lr_rule="fixed", lr=3e-3)
+    plan = make_plan(fixed, FAMILY, BASE | mup, TPS)
+    assert {p.lr for p in plan.points} == {3e-3}  # µP scales the hidden matrices per width
+    assert len({p.d_model for p in plan.points}) > 1
+    for p in plan.points:
+        assert ModelConfig.from_dict(BASE | mup | p.model_overrides).width_multiplier == \
+            p.d_model / 32

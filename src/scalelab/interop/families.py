@@ -29,7 +29,7 @@ class NoEquivalentError(ValueError):
 
 
 # --- scalelab -> family ----------------------------------------------------------------------
-_COMMON = {"scale_embeddings": False}
+_COMMON = {"scale_embeddings": False, "parametrization": "standard"}
 _REQUIRED: dict[str, dict[str, Any]] = {
     "gpt2": {**_COMMON, "arch": "decoder", "norm_position": "pre", "norm": "layernorm",
              "mlp": "gelu", "position": "learned", "bias": True, "final_norm": True,

@@ -8,6 +8,8 @@ knowledge of positions or architecture beyond "rotate q/k" and "add this mask".
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +54,11 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(d, d, bias=cfg.bias)
         self.o_proj.residual_out = True  # type: ignore[assignment]  # scaled at init (GPT-2)
         self.dropout = cfg.dropout
+        # µP: 1/sqrt(head_dim * m), i.e. sqrt(base head_dim) / head_dim: the 1/head_dim law
+        # that keeps attention logits O(1) as heads widen, equal to SDPA's default 1/sqrt(hd)
+        # (None) at the base width, so an lr tuned there means the same model.
+        m = cfg.width_multiplier
+        self.scale = 1.0 / math.sqrt(cfg.head_dim * m) if cfg.parametrization == "mup" else None
 
     def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
         b, s, _ = t.shape
@@ -63,7 +70,7 @@ class _Attention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
             is_causal=ctx.is_causal and mask is None,
-            enable_gqa=self.n_kv_heads != self.n_heads)
+            enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)
         b, _, t, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 

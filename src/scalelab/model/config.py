@@ -17,7 +17,11 @@ from . import accounting
 from .accounting import Component
 from .variants import ARCHS, MLPS, NORM_POSITIONS, NORMS, POSITIONS
 
-__all__ = ["ARCHS", "MLPS", "NORMS", "NORM_POSITIONS", "POSITIONS", "Component", "ModelConfig"]
+# standard: one lr and the GPT-2 init; mup: µP relative to mup_base_width (see the field)
+PARAMETRIZATIONS = ("standard", "mup")
+
+__all__ = ["ARCHS", "MLPS", "NORMS", "NORM_POSITIONS", "PARAMETRIZATIONS", "POSITIONS",
+           "Component", "ModelConfig"]
 
 
 @dataclass
@@ -63,18 +67,27 @@ class ModelConfig:
     # --- initialization (GPT-2) ---------------------------------------------------------
     init_std: float = 0.02
     scale_residual_init: bool = True  # residual out-projections get std/sqrt(2*n_layers_total)
+    # --- parametrization ----------------------------------------------------------------
+    # standard: the init above and one learning rate for every matrix. mup (µP, Yang et al.
+    # 2022, "Tensor Programs V"): with m = d_model / mup_base_width, hidden matrices get
+    # init std / sqrt(m) and lr / m (Adam), the logits are multiplied by 1/m and attention
+    # scores by 1/sqrt(head_dim * m) (the 1/head_dim law, equal to standard at the base width); an lr tuned at the base width then stays optimal as width grows.
+    parametrization: str = "standard"  # standard | mup
+    mup_base_width: int | None = None  # mup: the d_model the lr was tuned at
 
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
         # the values as given (before d_ff, n_kv_heads, final_norm are derived), for replace()
         self._given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name, table in (("arch", ARCHS), ("norm", NORMS), ("norm_position", NORM_POSITIONS),
-                            ("mlp", MLPS), ("position", POSITIONS)):
+                            ("mlp", MLPS), ("position", POSITIONS),
+                            ("parametrization", PARAMETRIZATIONS)):
             if getattr(self, name) not in table:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is unknown; "
                                  f"choose one of {', '.join(table)}")
         self._check_types()
         self._check_shape()
+        self._check_mup()
         if self.d_ff is None:
             self.d_ff = self.default_d_ff()
         if self.final_norm is None:
@@ -125,6 +138,18 @@ class ModelConfig:
                 f"{even}={getattr(self, even)} (d_model={self.d_model}, n_heads={self.n_heads}); "
                 f"{POSITIONS[self.position].why}")
 
+    def _check_mup(self) -> None:
+        if self.parametrization == "mup":
+            if self.mup_base_width is None:
+                raise ValueError(
+                    "ModelConfig.parametrization='mup' needs mup_base_width: the d_model at which "
+                    "the learning rate was tuned (e.g. model.mup_base_width=128)")
+            self._check_positive_int("mup_base_width")
+        elif self.mup_base_width is not None:
+            raise ValueError(
+                f"ModelConfig.mup_base_width={self.mup_base_width!r} is only used with "
+                "parametrization=mup; set model.parametrization=mup or drop it")
+
     def _check_positive_int(self, name: str) -> None:
         value = getattr(self, name)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -157,6 +182,13 @@ class ModelConfig:
         if not ARCHS[self.arch].decoder:
             return 0
         return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+
+    @property
+    def width_multiplier(self) -> float:
+        """µP's m = d_model / mup_base_width; 1.0 under the standard parametrization."""
+        if self.parametrization != "mup" or self.mup_base_width is None:
+            return 1.0
+        return self.d_model / self.mup_base_width
 
     @property
     def n_layers_total(self) -> int:

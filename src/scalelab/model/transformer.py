@@ -86,6 +86,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.mlm_head)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        # µP: logits * 1/m, so the output layer's updates do not grow the logits with width
+        self.output_mult = 1.0 / cfg.width_multiplier
         self.reset_parameters()
 
     def set_activation_checkpointing(self, enabled: bool = True) -> None:
@@ -100,13 +102,17 @@ class Transformer(nn.Module):
         """GPT-2 init: N(0, init_std) weights, zero biases, unit norm gains; the residual
         out-projections (attention out, MLP down) get init_std / sqrt(2 * n_layers_total),
         so the residual stream's variance does not grow with depth. n_layers_total counts
-        encoder and decoder blocks."""
+        encoder and decoder blocks. Under µP the hidden matrices (every Linear but the output
+        layer) are further divided by sqrt(m), so their variance goes as 1/fan_in."""
         cfg = self.cfg
-        res_std = cfg.init_std / math.sqrt(2 * cfg.n_layers_total) if cfg.scale_residual_init \
-            else cfg.init_std
+        hidden_std = cfg.init_std / math.sqrt(cfg.width_multiplier)
+        res_std = hidden_std / math.sqrt(2 * cfg.n_layers_total) if cfg.scale_residual_init \
+            else hidden_std
         for m in self.modules():
             if isinstance(m, nn.Linear):
-                std = res_std if getattr(m, "residual_out", False) else cfg.init_std
+                std = res_std if getattr(m, "residual_out", False) else hidden_std
+                if m is self.lm_head:
+                    std = cfg.init_std  # µP: an output layer, scaled by output_mult instead
                 nn.init.normal_(m.weight, mean=0.0, std=std)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
@@ -185,7 +191,8 @@ class Transformer(nn.Module):
                   memory, cross_ctx)
         if self.mlm_transform is not None:
             x = self.mlm_transform(x)
-        return self.lm_head(x)
+        logits = self.lm_head(x)
+        return logits if self.output_mult == 1.0 else logits * self.output_mult
 
     # --- decoding ------------------------------------------------------------------------
     def new_cache(self) -> DecodeCache:

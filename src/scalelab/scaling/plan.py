@@ -547,6 +547,7 @@ def make_plan(
     for label, assign in variant_grid(spec.variants):
         vmodel, vextra = split_variant(assign)
         vbase = base | vmodel
+        _check_mup_lr_rule(spec, vbase)
         if spec.mode == "isoflop":
             for budget in sorted(spec.budgets):
                 points += _isoflop_points(spec, family, vbase, tokens_per_step, budget, label,
@@ -562,6 +563,16 @@ def make_plan(
     if spec.lr_law is not None and not spec.tune_lr_factors:
         return plan.with_lr_law(spec.lr_law["coef"], spec.lr_law["exponent"])
     return plan
+
+
+def _check_mup_lr_rule(spec: SweepSpec, model: dict[str, Any]) -> None:
+    """µP already gives the hidden matrices lr * mup_base_width / d_model; the inverse-width
+    rule on top would shrink their lr twice."""
+    if model.get("parametrization") == "mup" and spec.lr_rule == "inverse_width":
+        raise ValueError(
+            "model.parametrization=mup scales the hidden matrices' lr by mup_base_width/d_model "
+            "itself; set sweep.lr_rule=fixed (sweep.lr is then the lr tuned at "
+            "model.mup_base_width)")
 
 
 def _point_payload(p: PlanPoint, plan: Plan) -> dict[str, Any]:

@@ -252,7 +252,8 @@ class LMModule(pl.LightningModule):
             self.log("train/ppl", torch.exp(loss.clamp(max=50.0)), on_step=True, on_epoch=False)
         self._win_loss, self._win_n = None, 0
         self.log("grad_norm", total_grad_norm(self.parameters()).float(), on_step=True, on_epoch=False)
-        self.log("lr", float(optimizer.param_groups[0]["lr"]), on_step=True, on_epoch=False)
+        group = optimizer.param_groups[0]  # µP groups carry lr_scale: log the schedule's lr
+        self.log("lr", float(group["lr"]) / group.get("lr_scale", 1.0), on_step=True, on_epoch=False)
         # float64 keeps token counts exact (float32 rounds above 2**24 = 16.7M).
         self.log("tokens_seen", torch.tensor(self.tokens_seen, dtype=torch.float64),
                  on_step=True, on_epoch=False)
@@ -311,7 +312,8 @@ class LMModule(pl.LightningModule):
                     "optim.fused=null, optim.grad_clip=0, or use precision=bf16-mixed"
                 )
             cfg = replace(cfg, fused=False)
-        opt, self.group_summary = build_optimizer(self.model, cfg)
+        opt, self.group_summary = build_optimizer(
+            self.model, cfg, hidden_lr_scale=1.0 / self.model.cfg.width_multiplier)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, build_lr_lambda(cfg, self.total_steps))
         return {
             "optimizer": opt,

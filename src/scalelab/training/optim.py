@@ -2,6 +2,10 @@
 
 Weight decay on gains, biases and embedding rows mostly hurts (it pulls norms toward zero and
 shrinks rare tokens' rows), so only weight matrices are decayed, as in GPT-2/nanoGPT/Llama recipes.
+
+Under µP (``model.parametrization=mup``) the hidden matrices (every weight matrix except the
+embeddings and the output layer) get their own group at lr / m; each group records its
+``lr_scale`` so the logged lr is the schedule's, not one group's.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from scalelab.training.config import OptimConfig
 
 # Parameters held directly (not in an nn.Embedding) that are embeddings by name.
 _EMBED_NAME = re.compile(r"(^|\.)(wte|wpe|tok_emb\w*|pos_emb\w*|\w*embed\w*|\w*embedding\w*)(\.|$)")
+# The output layer: µP scales its logits instead of its learning rate.
+_OUTPUT_NAME = re.compile(r"(^|\.)lm_head\.")
 
 
 @dataclass(frozen=True)
@@ -46,12 +52,14 @@ def _embedding_param_ids(model: nn.Module) -> set[int]:
 
 
 def param_groups(
-    model: nn.Module, weight_decay: float, decay_embeddings: bool = False
+    model: nn.Module, weight_decay: float, decay_embeddings: bool = False,
+    hidden_lr_scale: float = 1.0,
 ) -> tuple[list[dict[str, Any]], GroupSummary]:
     """Split trainable parameters into a decayed and a non-decayed AdamW group.
 
     A parameter shared by two modules (tied input/output embedding) appears once; it counts
-    as an embedding, so it follows ``decay_embeddings``.
+    as an embedding, so it follows ``decay_embeddings``. With ``hidden_lr_scale != 1`` (µP)
+    the decayed hidden matrices move to a third group whose ``lr_scale`` is that factor.
     """
     embed_ids = _embedding_param_ids(model)
     decay: list[tuple[str, nn.Parameter]] = []
@@ -71,6 +79,8 @@ def param_groups(
         {"params": [p for _, p in decay], "weight_decay": weight_decay, "name": "decay"},
         {"params": [p for _, p in no_decay], "weight_decay": 0.0, "name": "no_decay"},
     ]
+    if hidden_lr_scale != 1.0:
+        groups = _split_hidden(groups[0], decay, embed_ids, hidden_lr_scale) + groups[1:]
     groups = [g for g in groups if g["params"]]
     summary = GroupSummary(
         decay_tensors=len(decay),
@@ -81,6 +91,16 @@ def param_groups(
         no_decay_names=tuple(n for n, _ in no_decay),
     )
     return groups, summary
+
+
+def _split_hidden(group: dict[str, Any], named: list[tuple[str, nn.Parameter]],
+                  embed_ids: set[int], lr_scale: float) -> list[dict[str, Any]]:
+    """The decayed group as [other matrices (lr_scale 1), hidden matrices (lr_scale)]."""
+    hidden = [p for n, p in named if id(p) not in embed_ids and not _OUTPUT_NAME.search(n)]
+    hidden_ids = {id(p) for p in hidden}
+    rest = [p for _, p in named if id(p) not in hidden_ids]
+    return [{**group, "params": rest},
+            {**group, "params": hidden, "name": "decay_hidden", "lr_scale": lr_scale}]
 
 
 def fused_available(params: list[torch.Tensor]) -> bool:
@@ -96,9 +116,13 @@ def fused_available(params: list[torch.Tensor]) -> bool:
     )
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> tuple[torch.optim.AdamW, GroupSummary]:
-    """AdamW over :func:`param_groups`; fused kernel when available (or forced by ``cfg.fused``)."""
-    groups, summary = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+def build_optimizer(model: nn.Module, cfg: OptimConfig,
+                    hidden_lr_scale: float = 1.0) -> tuple[torch.optim.AdamW, GroupSummary]:
+    """AdamW over :func:`param_groups`; fused kernel when available (or forced by ``cfg.fused``).
+    ``hidden_lr_scale`` is µP's 1/m for the hidden matrices (1.0: one lr for all)."""
+    groups, summary = param_groups(model, cfg.weight_decay, cfg.decay_embeddings, hidden_lr_scale)
+    for g in groups:
+        g["lr"] = cfg.lr * g.get("lr_scale", 1.0)
     params = [p for g in groups for p in g["params"]]
     fused = fused_available(params) if cfg.fused is None else cfg.fused
     if fused and not fused_available(params):
