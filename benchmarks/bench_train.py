@@ -217,7 +217,7 @@ def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads
     ttfs = m.get("final/time_to_first_step")
     tokens = float(m["final/tokens_seen"])
     train_s = tokens / tok_s  # steady-state time the steps alone would take
-    cpu = window_metric(workdir / "mlruns.db", s["run_id"], "perf/tokens_per_cpu_sec") \
+    cpu = window_metric(workdir / "mlruns.db", s["run_id"], "tokens_per_cpu_sec") \
         if s.get("run_id") else None
     return {"tokens_per_s": tok_s, "tokens_per_cpu_s": cpu, "wall_s": wall,
             "time_to_first_step_s": ttfs,

@@ -52,7 +52,7 @@ def test_run_logged_to_tracking_server(tmp_path: Path, shared_data_dir: Path, ml
     assert (p["tokenizer"], p["dataset"], p["world_size"]) == ("char", "shakespeare", "1")
 
     m = run.data.metrics
-    for key in ("train/loss", "val/loss", "val/bpb", "lr", "tokens_seen", "perf/tokens_per_sec"):
+    for key in ("train/loss", "val/loss", "val/bpb", "lr", "tokens_seen", "tokens_per_sec"):
         assert key in m, (key, sorted(m))
     # final values are tags (not one-point charts); no Lightning `epoch`, no final/loss twins
     assert not [k for k in m if k.startswith("final/") or k == "epoch"], sorted(m)

@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the helpers
 
 from scalelab.training import ThroughputMonitor
+from scalelab.training.callbacks import THROUGHPUT_KEYS
 from training.test_callbacks import CharTok, loader, tiny_module
 
 if __name__ == "__main__":
@@ -29,7 +30,7 @@ if __name__ == "__main__":
         log_every_n_steps=1,
     )
     trainer.fit(module, loader(200, 4), loader(16, 4))
-    perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}
+    perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k in THROUGHPUT_KEYS}
     # One file per rank: both ranks share stdout, where their lines can interleave.
     Path(f"result_rank{trainer.global_rank}.json").write_text(json.dumps({
         "rank": trainer.global_rank, "world": trainer.world_size, "tokens_seen": module.tokens_seen,

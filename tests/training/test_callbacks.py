@@ -44,16 +44,16 @@ def test_throughput_monitor_logs_tokens_and_mfu() -> None:
                           limit_val_batches=0)
     trainer.fit(module, loader(steps * bs * accum, bs))
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    assert m["perf/tokens_per_sec"] > 0
-    assert m["perf/tokens_per_sec_per_device"] == pytest.approx(m["perf/tokens_per_sec"])  # 1 device
-    assert m["perf/flops_per_sec"] == pytest.approx(
-        m["perf/tokens_per_sec"] * module.model_cfg.flops_per_token(training=True, seq_len=T), rel=1e-6
+    assert m["tokens_per_sec"] > 0
+    assert m["tokens_per_sec_per_device"] == pytest.approx(m["tokens_per_sec"])  # 1 device
+    assert m["flops_per_sec"] == pytest.approx(
+        m["tokens_per_sec"] * module.model_cfg.flops_per_token(training=True, seq_len=T), rel=1e-6
     )
     assert mon.peak and mon.peak > 0
     # MFU is achieved / peak FLOP/s of the one device, and a real run never reaches the peak
-    assert m["perf/mfu"] == pytest.approx(m["perf/flops_per_sec"] / mon.peak, rel=1e-6)
-    assert 0 < m["perf/mfu"] < 1.0
-    assert set(mon.summary) >= {"perf/tokens_per_sec", "perf/mfu"}
+    assert m["mfu"] == pytest.approx(m["flops_per_sec"] / mon.peak, rel=1e-6)
+    assert 0 < m["mfu"] < 1.0
+    assert set(mon.summary) >= {"tokens_per_sec", "mfu"}
     # tokens_seen counts every micro-batch of the accumulation window
     assert module.tokens_seen == steps * accum * bs * T == m["tokens_seen"]
     assert module.flops_seen == pytest.approx(
@@ -65,9 +65,9 @@ def test_throughput_monitor_uses_given_peak_and_world_size() -> None:
     mon = ThroughputMonitor(peak_flops_per_device=1e9)
     mon.world_size = 4
     out = mon._metrics(tokens=4000, flops=4e9, dt=2.0)
-    assert out["perf/tokens_per_sec"] == 2000 and out["perf/tokens_per_sec_per_device"] == 500
-    assert out["perf/flops_per_sec_per_device"] == 5e8
-    assert out["perf/mfu"] == pytest.approx(2e9 / 4e9)
+    assert out["tokens_per_sec"] == 2000 and out["tokens_per_sec_per_device"] == 500
+    assert out["flops_per_sec_per_device"] == 5e8
+    assert out["mfu"] == pytest.approx(2e9 / 4e9)
     with pytest.raises(ValueError, match="every_n_steps=0"):
         ThroughputMonitor(every_n_steps=0)
 

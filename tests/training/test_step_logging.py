@@ -56,6 +56,6 @@ def test_train_metrics_are_computed_on_logged_steps_and_the_last() -> None:
     assert logged == [4, 9]  # Lightning's 0-based steps 5 and 10
     # the last step still sets train/loss (final/train_loss of scalelab-train reads it)
     assert int(trainer.global_step) == steps and "train/loss" in trainer.callback_metrics
-    cpu = [m["perf/tokens_per_cpu_sec"] for _, m in logger.rows if "perf/tokens_per_cpu_sec" in m]
+    cpu = [m["tokens_per_cpu_sec"] for _, m in logger.rows if "tokens_per_cpu_sec" in m]
     assert cpu and all(v > 0 for v in cpu)
-    assert monitor.summary["perf/time_to_first_step"] > 0
+    assert monitor.summary["time_to_first_step"] > 0

@@ -42,8 +42,8 @@ def final_metrics(trainer: Any, spec: RunSpec, model_cfg: ModelConfig, fit_secon
     cm = scalar_metrics(trainer)
     val_loss = cm.get("val/loss")
     perf = throughput_summary(trainer.callbacks)
-    if perf.get("perf/tokens_per_sec"):  # measured windows: no startup, no validation time
-        tok_s, mfu = perf["perf/tokens_per_sec"], perf.get("perf/mfu")
+    if perf.get("tokens_per_sec"):  # measured windows: no startup, no validation time
+        tok_s, mfu = perf["tokens_per_sec"], perf.get("mfu")
     else:  # whole fit() wall time
         steps_this_session = step - module_start_step(resumed_from)
         tok_s = steps_this_session * spec.batch.tokens_per_step / max(fit_seconds, 1e-9)
@@ -59,7 +59,7 @@ def final_metrics(trainer: Any, spec: RunSpec, model_cfg: ModelConfig, fit_secon
         "final/tokens_per_s": tok_s,
         "final/mfu": mfu,
         "final/fit_seconds": fit_seconds,
-        "final/time_to_first_step": perf.get("perf/time_to_first_step"),
+        "final/time_to_first_step": perf.get("time_to_first_step"),
     }
     for k, v in cm.items():  # e.g. val/exact_match from the seq2seq module (not val/loss again)
         if k.startswith("val/") and f"final/{k[4:]}" not in final and f"final/val_{k[4:]}" not in final:

@@ -64,8 +64,8 @@ class LineProgress(ProgressBar):
         cm = trainer.callback_metrics
         parts = [f"step {step:>{len(str(total))}}/{total} ({100 * step / max(total, 1):3.0f}%)"]
         for label, keys, fmt in (("loss", ("train/loss",), "{:.4f}"), ("lr", ("lr",), "{:.3g}"),
-                                 ("tok/s", ("perf/tokens_per_sec",), "{:,.0f}"),
-                                 ("mfu", ("perf/mfu",), "{:.3f}"),
+                                 ("tok/s", ("tokens_per_sec",), "{:,.0f}"),
+                                 ("mfu", ("mfu",), "{:.3f}"),
                                  ("val", ("val/loss",), "{:.4f}")):
             v = _value(cm, *keys)
             if v is not None:

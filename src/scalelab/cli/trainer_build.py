@@ -44,7 +44,7 @@ def scalelab_callbacks(spec: RunSpec, out_dir: Path, meta: dict[str, Any],
         from scalelab.cli.callbacks import StepCheckpoints
 
         cbs.append(StepCheckpoints(out_dir / "checkpoints", list(spec.train.save_at_steps)))
-    if spec.callbacks.throughput.enabled:  # perf/tokens_per_sec, perf/mfu, time to first step
+    if spec.callbacks.throughput.enabled:  # tokens_per_sec, mfu, time to first step
         from scalelab.training import ThroughputMonitor
 
         cbs.append(ThroughputMonitor(every_n_steps=int(spec.callbacks.throughput.window)))

@@ -18,6 +18,13 @@ def _process_start() -> float:
     return float(psutil.Process().create_time())
 
 
+# Logged without a prefix: MLflow's run page sorts prefixed sections (train/, val/) first and
+# puts unprefixed keys after them, so the loss curves open the page and tokens/s sits with lr
+# (docs/training.md, "Chart order on a run's metrics tab").
+THROUGHPUT_KEYS = ("tokens_per_sec", "tokens_per_sec_per_device", "flops_per_sec",
+                   "flops_per_sec_per_device", "mfu", "tokens_per_cpu_sec")
+
+
 class ThroughputMonitor(pl.Callback):
     """Logs tokens/s, model FLOP/s and MFU over windows of ``every_n_steps`` optimizer steps.
 
@@ -26,11 +33,11 @@ class ThroughputMonitor(pl.Callback):
     convention 6N + 12LTd). MFU = achieved FLOP/s / (peak FLOP/s per device x devices).
     The first step (startup, compilation) and validation time are left out of the windows.
 
-    Metrics: perf/tokens_per_sec (all devices, in the progress bar),
-    perf/tokens_per_sec_per_device, perf/flops_per_sec, perf/flops_per_sec_per_device,
-    perf/mfu, and on CPU perf/tokens_per_cpu_sec (per CPU-second of this process, which stays
+    Metrics: tokens_per_sec (all devices, in the progress bar),
+    tokens_per_sec_per_device, flops_per_sec, flops_per_sec_per_device,
+    mfu, and on CPU tokens_per_cpu_sec (per CPU-second of this process, which stays
     meaningful on a shared machine). ``summary`` holds the run averages over all measured windows, and
-    perf/time_to_first_step: seconds from process start to the end of the first step.
+    time_to_first_step: seconds from process start to the end of the first step.
     """
 
     def __init__(self, every_n_steps: int | None = None, peak_flops_per_device: float | None = None):
@@ -81,8 +88,8 @@ class ThroughputMonitor(pl.Callback):
         self._last_step = step
         if self._t0 is None:  # the window starts after the first step of this fit
             self._start_window(pl_module)
-            if "perf/time_to_first_step" not in self.summary:
-                self.summary["perf/time_to_first_step"] = time.time() - _process_start()
+            if "time_to_first_step" not in self.summary:
+                self.summary["time_to_first_step"] = time.time() - _process_start()
             return
         every = self.every_n_steps or max(1, int(trainer.log_every_n_steps))
         if step % every:
@@ -101,25 +108,25 @@ class ThroughputMonitor(pl.Callback):
         if pl_module.device.type == "cpu" and cpu > 0:
             # tokens per CPU-second of this process: its efficiency even when other jobs
             # share the cores (wall-clock rates then measure the neighbours as much as us)
-            metrics["perf/tokens_per_cpu_sec"] = tokens / cpu
+            metrics["tokens_per_cpu_sec"] = tokens / cpu
         for k, v in metrics.items():
-            pl_module.log(k, v, on_step=True, on_epoch=False, prog_bar=(k == "perf/tokens_per_sec"))
-        first = self.summary.get("perf/time_to_first_step")
+            pl_module.log(k, v, on_step=True, on_epoch=False, prog_bar=(k == "tokens_per_sec"))
+        first = self.summary.get("time_to_first_step")
         self.summary = self._metrics(self._total_tokens, self._total_flops, self._total_time)
         if first is not None:
-            self.summary["perf/time_to_first_step"] = first
+            self.summary["time_to_first_step"] = first
         self._start_window(pl_module)
 
     def _metrics(self, tokens: float, flops: float, dt: float) -> dict[str, float]:
         w = self.world_size
         out = {
-            "perf/tokens_per_sec": tokens / dt,
-            "perf/tokens_per_sec_per_device": tokens / dt / w,
-            "perf/flops_per_sec": flops / dt,
-            "perf/flops_per_sec_per_device": flops / dt / w,
+            "tokens_per_sec": tokens / dt,
+            "tokens_per_sec_per_device": tokens / dt / w,
+            "flops_per_sec": flops / dt,
+            "flops_per_sec_per_device": flops / dt / w,
         }
         if self.peak:
-            out["perf/mfu"] = mfu(flops / dt / w, self.peak)
+            out["mfu"] = mfu(flops / dt / w, self.peak)
         return out
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
