@@ -288,7 +288,7 @@ def test_wsd_point_configs_compose_into_main_and_branch_runs(tmp_path):
 def test_mup_sweep_refuses_the_inverse_width_rule_and_keeps_one_lr_with_fixed():
     mup = {"parametrization": "mup", "mup_base_width": 32}
     spec = SweepSpec(budgets=[1e12, 3e12], sizes_per_budget=4, size_span=16.0)
-    with pytest.raises(ValueError, match="set sweep.lr_rule=fixed"):
+    with pytest.raises(ValueError, match=r"set sweep\.lr_rule=fixed"):
         make_plan(spec, FAMILY, BASE | mup, TPS)
     fixed = SweepSpec(budgets=[1e12, 3e12], sizes_per_budget=4, size_span=16.0,
                       lr_rule="fixed", lr=3e-3)

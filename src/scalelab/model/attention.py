@@ -9,7 +9,6 @@ knowledge of positions or architecture beyond "rotate q/k" and "add this mask".
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import torch
