@@ -1,8 +1,8 @@
 """Config dataclasses for tokenizers and corpora.
 
-They become Hydra structured configs (conf/tokenizer/*.yaml, conf/data/*.yaml mirror them
-field for field), so choices are plain ``str`` checked here (OmegaConf does not support
-``Literal``). Every bad value fails here, naming the key, before any data is read.
+They become Hydra structured configs, and their defaults are the one source of every field:
+the presets (conf/tokenizer/*.yaml, conf/data/*.yaml) list only what differs. Choices are
+plain ``str`` checked here (OmegaConf does not support ``Literal``). Every bad value fails here, naming the key, before any data is read.
 """
 
 from __future__ import annotations
