@@ -31,7 +31,7 @@ def run_tune_stage(plan: Plan, spec: SweepSpec, settings: Any, base: Any, sweep_
                    parent: Any, scorer: Any, echo: Callable[[str], None]
                    ) -> tuple[Plan, TuneResult | None]:
     from .collect import collect
-    from .run import SweepRunner, save_plan
+    from .launch import SweepRunner, save_plan
 
     tp = tune_plan(plan)
     folder = sweep_dir / "tune"
