@@ -213,3 +213,10 @@ def test_the_checker_sees_function_level_and_relative_imports() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     typing_only = ROOT / "model" / "accounting.py"  # imports ModelConfig under TYPE_CHECKING
     assert "scalelab.model.config" not in {a.dst for a in arrows_of("scalelab.model.accounting", typing_only)}
+
+
+def test_every_scalelab_import_names_a_module_that_exists() -> None:
+    """A rename that misses an import inside a function only fails when that path runs (the
+    tune stage's `from .run import ...` after run.py became launch.py); found here from the source."""
+    _fail_if([str(a) for a in arrows() if internal(a) and a.dst not in modules()],
+             "every scalelab import must name a module that exists")
