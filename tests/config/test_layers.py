@@ -106,3 +106,22 @@ def test_run_spec_carries_the_typed_sections() -> None:
     assert spec.callbacks.checkpoint.save_best is False
     assert not hasattr(spec.trainer, "max_time")  # a Lightning extra: cli/trainer_args.py's
     assert spec.seed == 1337 and spec.run_name == "pystdlib_small" and spec.resume is False
+
+
+def test_the_cli_refuses_a_bad_value_before_loading_lightning_or_mlflow(tmp_path: Path) -> None:
+    """Through the console entry point, Hydra job hooks included (torchrun/joblib device set-up
+    runs before validation and must stay Lightning-free)."""
+    code = f"""
+import sys
+from scalelab.cli.train import main
+sys.argv = ["scalelab-train", "train.val_every=0", "paths.log_dir={tmp_path / 'out'}"]
+try:
+    main()
+except SystemExit as e:
+    print("exit", e.code)
+print(sorted(m for m in ("pytorch_lightning", "lightning_fabric", "mlflow") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().endswith("exit 2\n[]"), out.stdout + out.stderr
+    assert "train.val_every" in out.stdout + out.stderr
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # no run folder, no log

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from scalelab.config.schema import register
 from scalelab.model.blocks import Block, CrossBlock
 from scalelab.paths import conf_dir
+from scalelab.training import devices
 from scalelab.training import distributed as D
 
 
@@ -91,7 +92,7 @@ def test_local_launcher_presets_compose(launcher: str, target: str):
 
 
 def _claim(lock_dir: str, out, hold) -> None:
-    idx, _fh = D.claim_device(lock_dir, 2, timeout_s=5)
+    idx, _fh = devices.claim_device(lock_dir, 2, timeout_s=5)
     out.put(idx)
     hold.get(timeout=30)  # keep the lock until the parent has seen both claims
 
@@ -111,12 +112,12 @@ def test_claim_device_gives_parallel_jobs_distinct_devices(tmp_path: Path):
 
 
 def test_torchrun_layout(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(D, "launched_by_torchrun", lambda: True)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # what torchrun sets in every rank
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setenv("WORLD_SIZE", "8")
-    assert D.torchrun_layout() == (4, 2)
-    monkeypatch.setattr(D, "launched_by_torchrun", lambda: False)
-    assert D.torchrun_layout() is None
+    assert devices.torchrun_layout() == (4, 2)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert devices.torchrun_layout() is None
 
 
 def test_consolidate_rejects_a_plain_file(tmp_path: Path):
@@ -129,17 +130,17 @@ def test_consolidate_rejects_a_plain_file(tmp_path: Path):
 
 
 def test_resolve_devices(monkeypatch: pytest.MonkeyPatch):
-    assert D.resolve_devices("cpu", "auto", 1) == ("auto", 1, 1)
-    assert D.resolve_devices("cpu", 2, 1)[2] == 2
-    assert D.resolve_devices("gpu", [0, 1], 2)[2] == 4
-    assert D.resolve_devices("gpu", "0,1,", 1)[2] == 2
+    assert devices.resolve_devices("cpu", "auto", 1) == ("auto", 1, 1)
+    assert devices.resolve_devices("cpu", 2, 1)[2] == 2
+    assert devices.resolve_devices("gpu", [0, 1], 2)[2] == 4
+    assert devices.resolve_devices("gpu", "0,1,", 1)[2] == 2
     with pytest.raises(ValueError, match=r"trainer\.devices"):
-        D.resolve_devices("cpu", "many", 1)
+        devices.resolve_devices("cpu", "many", 1)
     # under torchrun, devices=auto follows torchrun's layout
     monkeypatch.setattr(D, "launched_by_torchrun", lambda: True)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert D.resolve_devices("cpu", "auto", 1) == (2, 1, 2)
+    assert devices.resolve_devices("cpu", "auto", 1) == (2, 1, 2)
 
 
 def test_weight_decay_groups_survive_fsdp_flattening():

@@ -82,7 +82,7 @@ def _torchrun_rank() -> int | None:
     # (imported by training.distributed) out of every start that torchrun did not launch
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return None
-    from scalelab.training.distributed import launched_by_torchrun
+    from scalelab.training.devices import launched_by_torchrun
 
     return int(os.environ["RANK"]) if launched_by_torchrun() else None
 
@@ -128,7 +128,7 @@ def begin_job(cfg: Any) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from scalelab.training.distributed import claim_device, torchrun_layout
+    from scalelab.training.devices import claim_device, torchrun_layout
 
     trainer = cfg.trainer
     layout = torchrun_layout()
@@ -157,9 +157,11 @@ def end_job() -> None:
     """After a job (also a failed one): join its ranks, drop the process group, restore the env
     Lightning changed, free its GPU claim. The next job of a sweep in this process starts clean."""
     global _device_claim
-    from scalelab.training.distributed import release_distributed
-
-    release_distributed()
+    # Only a job that built a strategy can have ranks to release; one that stopped earlier
+    # (a config error) must not pay Lightning's import for nothing.
+    distributed = sys.modules.get("scalelab.training.distributed")
+    if distributed is not None:
+        distributed.release_distributed()
     if _device_claim is not None:
         _device_claim.close()
         _device_claim = None

@@ -105,7 +105,7 @@ def _typed(cls: type, values: dict[str, Any]) -> Any:
 def world_size_of(trainer: TrainerSchema) -> int:
     """Processes in the run: devices per node x nodes (devices=auto counts what is visible;
     under torchrun, its WORLD_SIZE)."""
-    from scalelab.training.distributed import resolve_devices  # imports Lightning: only here
+    from scalelab.training.devices import resolve_devices
 
     return int(resolve_devices(str(trainer.accelerator), trainer.devices, trainer.num_nodes)[2])
 
