@@ -137,7 +137,7 @@ def test_resolve_devices(monkeypatch: pytest.MonkeyPatch):
     with pytest.raises(ValueError, match=r"trainer\.devices"):
         devices.resolve_devices("cpu", "many", 1)
     # under torchrun, devices=auto follows torchrun's layout
-    monkeypatch.setattr(D, "launched_by_torchrun", lambda: True)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # what torchrun sets in every rank
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert devices.resolve_devices("cpu", "auto", 1) == (2, 1, 2)
