@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -87,6 +88,38 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
+_STORE_TEMPLATE: list[Path] = []
+
+
+def _store_template() -> Path:
+    """One empty, fully migrated MLflow SQLite store per session (made by MLflow itself)."""
+    if not _STORE_TEMPLATE:
+        import atexit
+        import tempfile
+
+        d = Path(tempfile.mkdtemp(prefix="scalelab-test-store-"))
+        atexit.register(shutil.rmtree, d, True)
+        code = ("import sys\nfrom mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore\n"
+                "SqlAlchemyStore(sys.argv[1], sys.argv[2])")
+        subprocess.run([sys.executable, "-c", code, f"sqlite:///{d / 'mlruns.db'}",
+                        str(d / "artifacts")], check=True, capture_output=True, timeout=300)
+        _STORE_TEMPLATE.append(d / "mlruns.db")
+    return _STORE_TEMPLATE[0]
+
+
+def sqlite_store(db: str | Path) -> str:
+    """``sqlite:///<db>`` (``db`` a path or such a URI), seeded with the session's migrated store
+    if the file is new.
+
+    A new SQLite store runs MLflow's ~60 schema migrations (2-5 s of CPU) in the first process
+    that opens it; every test that trains would pay that. A copy of one migrated store is the
+    same real SQLite store, owned by the test. A file that exists is left alone."""
+    path = Path(str(db).removeprefix("sqlite:///"))
+    if not path.exists() and path.parent.is_dir():
+        shutil.copyfile(_store_template(), path)
+    return f"sqlite:///{path}"
+
+
 def train_env(**extra: str) -> dict[str, str]:
     """Environment for a `scalelab-train` subprocess: no ambient MLflow URI, quiet, unbuffered."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
@@ -129,7 +162,8 @@ def isolated(tmp: Path, *, tracking_uri: str | None = None, data_dir: Path | Non
 
     The token cache defaults to one temp folder per session (prepared once, shared by tests).
     """
-    uri = tracking_uri or f"sqlite:///{tmp / 'mlruns.db'}"
+    uri = tracking_uri or str(tmp / "mlruns.db")
+    uri = uri if uri.startswith(("http:", "https:", "file:")) else sqlite_store(uri)
     return [
         f"paths.log_dir={tmp / 'outputs'}",
         f"paths.data_dir={data_dir or session_data_dir()}",
@@ -143,8 +177,10 @@ def isolated(tmp: Path, *, tracking_uri: str | None = None, data_dir: Path | Non
 def train_cli() -> object:
     """Helpers for tests that drive `scalelab-train` in subprocesses (no import paths needed):
     train_cli.run(*overrides, cwd=, timeout=, env=), .isolated(tmp, tracking_uri=), .env(**kw),
+    .store(db) (a migrated SQLite store),
     .cmd(*overrides), .repo, .data_dir() (the session's token cache)."""
     import types
 
-    return types.SimpleNamespace(run=run_train, isolated=isolated, env=train_env, cmd=train_cmd,
-                                 repo=REPO, data_dir=session_data_dir)
+    return types.SimpleNamespace(run=run_train, isolated=isolated, store=sqlite_store,
+                                 env=train_env, cmd=train_cmd, repo=REPO,
+                                 data_dir=session_data_dir)
