@@ -157,13 +157,17 @@ def session_data_dir() -> Path:
     return _SESSION_DATA_DIR[0]
 
 
-def isolated(tmp: Path, *, tracking_uri: str | None = None, data_dir: Path | None = None) -> list[str]:
+def isolated(tmp: Path, *, tracking_uri: str | None = None, data_dir: Path | None = None,
+             seed_store: bool = True) -> list[str]:
     """Overrides that keep a test run's outputs and MLflow store in ``tmp``.
 
     The token cache defaults to one temp folder per session (prepared once, shared by tests).
+    A SQLite store starts migrated (:func:`sqlite_store`); ``seed_store=False`` leaves it
+    absent, for tests that check a refused command creates no store.
     """
     uri = tracking_uri or str(tmp / "mlruns.db")
-    uri = uri if uri.startswith(("http:", "https:", "file:")) else sqlite_store(uri)
+    if not uri.startswith(("http:", "https:", "file:")):  # a SQLite path or URI
+        uri = sqlite_store(uri) if seed_store else f"sqlite:///{uri.removeprefix('sqlite:///')}"
     return [
         f"paths.log_dir={tmp / 'outputs'}",
         f"paths.data_dir={data_dir or session_data_dir()}",

@@ -141,7 +141,7 @@ def test_on_exception_checkpoint_saves_the_state_when_training_raises(tmp_path: 
 
 @pytest.mark.slow
 def test_a_bad_target_is_one_line_and_leaves_nothing_behind(tmp_path: Path, train_cli) -> None:
-    r = train_cli.run(*TINY, *train_cli.isolated(tmp_path), "train.max_steps=3",
+    r = train_cli.run(*TINY, *train_cli.isolated(tmp_path, seed_store=False), "train.max_steps=3",
                       "+callbacks.es={_target_: pytorch_lightning.callbacks.EarlyStoping, monitor: val/loss}")
     line = _one_line(r)
     assert line.startswith("error: callbacks.es._target_='pytorch_lightning.callbacks.EarlyStoping'"), line

@@ -23,7 +23,7 @@ def test_cfg_job_prints_the_composed_config(train_cli) -> None:
 ])
 def test_bad_override_exits_nonzero_naming_the_key(tmp_path: Path, train_cli, override: str,
                                                    needle: str) -> None:
-    r = train_cli.run(override, *train_cli.isolated(tmp_path), timeout=180)
+    r = train_cli.run(override, *train_cli.isolated(tmp_path, seed_store=False), timeout=180)
     assert r.returncode != 0
     assert needle in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "mlruns.db").exists()  # no MLflow run was created
