@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,9 +204,10 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
         "logger.parent_run_id": parent_run_id,
         "paths.output_dir": str(sweep_dir / "runs" / p.name),
     }
-    if p.tokens_per_step != base.tokens_per_step:  # a tuned batch (D fixed, steps recomputed)
-        d["train.global_batch_size"] = (p.tokens_per_step if base.batch_unit == "tokens"
-                                        else p.tokens_per_step // base.block_size)
+    # every point sets its own global batch: the tune stage's batch round and B*(N) change it
+    # (D fixed, steps recomputed); see shared_train_overrides
+    d["train.global_batch_size"] = (p.tokens_per_step if base.batch_unit == "tokens"
+                                    else p.tokens_per_step // base.block_size)
     if p.replicate:  # seed replicates: the configured seed + replicate (replicate 0 keeps it)
         d["seed"] = int(base.cfg.seed) + p.replicate
     d |= p.optim_overrides(spec.min_lr_ratio, spec.beta2)
@@ -245,6 +247,12 @@ def write_point_config(path: Path, p: PlanPoint, overrides: dict[str, Any]) -> N
     atomic_write_text(path, head + OmegaConf.to_yaml(OmegaConf.create(_nest(overrides))))
 
 
+def shared_train_overrides(train_overrides: list[str]) -> list[str]:
+    """The sweep's training overrides as the point runs get them: without the global batch,
+    which each point's config sets (on the command line it would win over the point's value)."""
+    return [o for o in train_overrides if not re.match(r"\+{0,2}train\.global_batch_size=", o)]
+
+
 def train_command(train_overrides: list[str], point_names: list[str], conf_dir: Path,
                   multirun: bool, launcher: str = "basic",
                   launcher_overrides: list[str] | None = None,
@@ -252,7 +260,7 @@ def train_command(train_overrides: list[str], point_names: list[str], conf_dir: 
     cmd = [sys.executable, "-m", TRAIN_MODULE]
     if multirun:
         cmd.append("--multirun")
-    cmd += list(train_overrides)
+    cmd += shared_train_overrides(train_overrides)
     cmd += [f"+sweep_point={','.join(point_names)}", f"hydra.searchpath=[file://{conf_dir}]"]
     if multirun:
         cmd += [f"hydra/launcher={launcher}", *(launcher_overrides or [])]

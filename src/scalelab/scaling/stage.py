@@ -135,8 +135,10 @@ def _summaries(rnd: Round, tuned: dict[str, VariantTune]) -> list[str]:
         tag = f" [{variant}]" if len(tuned) > 1 else ""
         got = getattr(t, rnd.name)
         if rnd.name == "beta2":
-            table = ", ".join(f"{r.beta2:g}: +{r.mean_excess:.4f}" for r in got.table.itertuples())
-            out.append(f"beta2 = {got.best:g}{tag} (mean loss above each size's best: {table})")
+            table = ", ".join(f"{r.beta2:g}: {r.mean_rel_excess:+.2%}"
+                              for r in got.table.itertuples())
+            out.append(f"beta2 = {got.best:g}{tag} (mean loss relative to each size's best: "
+                       f"{table})")
         else:
             n_flag = int(got.sizes["flagged"].sum())
             out.append(f"{got.describe()}{tag} from {len(got.sizes)} sizes"

@@ -42,10 +42,10 @@ class PowerLaw:
 @dataclass
 class Beta2Choice:
     """The beta2 with the lowest mean loss over the sizes, each size's loss taken relative to
-    its own best (so every size weighs the same)."""
+    its own best (loss / best - 1, so a small model's higher loss does not outweigh the rest)."""
 
     best: float
-    table: pd.DataFrame  # beta2, mean_excess (nats above each size's best), n_sizes
+    table: pd.DataFrame  # beta2, mean_rel_excess (mean of loss / size's best - 1), n_sizes
 
     def as_dict(self) -> dict:
         return {"best": self.best, "table": self.table.to_dict("records")}
@@ -57,7 +57,8 @@ def grid_optimum(x: np.ndarray, loss: np.ndarray, grid_key: str = GRID_KEYS["lr"
 
     No interior minimum of the parabola (or fewer than 3 grid values): the grid's best x,
     flagged; at the edge of the grid the flag says to widen ``grid_key``."""
-    lx, y = np.log(np.asarray(x, float)), np.asarray(loss, float)
+    xs, y = np.asarray(x, float), np.asarray(loss, float)
+    lx = np.log(xs)
     k = int(np.argmin(y))
     ends = (int(np.argmin(lx)), int(np.argmax(lx)))
     if len(np.unique(lx)) >= 3:
@@ -72,7 +73,7 @@ def grid_optimum(x: np.ndarray, loss: np.ndarray, grid_key: str = GRID_KEYS["lr"
         why = f"lowest loss at the edge of the grid: widen {grid_key}"
     else:
         why = "no interior parabola minimum"
-    return float(np.exp(lx[k])), float(y[k]), why
+    return float(xs[k]), float(y[k]), why
 
 
 def fit_power_law(runs: pd.DataFrame, what: str = "lr") -> PowerLaw:
@@ -109,11 +110,11 @@ def choose_beta2(runs: pd.DataFrame) -> Beta2Choice:
     if wide.empty:
         raise ValueError("tune stage: no size finished every beta2 of sweep.tune_beta2s; rerun "
                          "the sweep to retrain the missing runs")
-    excess = wide.sub(wide.min(axis=1), axis=0)  # nats above the size's best beta2
+    excess = wide.div(wide.min(axis=1), axis=0) - 1  # relative to the size's best beta2
     table = pd.DataFrame({"beta2": [float(b) for b in excess.columns],
-                          "mean_excess": excess.mean(axis=0).to_numpy(),
+                          "mean_rel_excess": excess.mean(axis=0).to_numpy(),
                           "n_sizes": len(excess)})
-    best = float(table.loc[table["mean_excess"].idxmin(), "beta2"])
+    best = float(table.loc[table["mean_rel_excess"].idxmin(), "beta2"])
     return Beta2Choice(best=best, table=table)
 
 
