@@ -173,11 +173,9 @@ def _estimates(plan: Any, base: Any, settings: Any, console: Any) -> tuple[list[
 
 
 def _parallel_jobs(settings: Any) -> int:
-    """Runs at a time: hydra.launcher.n_jobs of the joblib launcher, else 1.
-
-    HOOK(perf): jobs x train.num_threads should come from the platform's thread-count rule
-    (helper "perf" provides it); call it here and in the presets' launcher_overrides instead
-    of the fixed n_jobs=2 / num_threads=1 of conf/sweep/cpu_*.yaml."""
+    """Runs at a time: hydra.launcher.n_jobs of the joblib launcher (its default: one per
+    core), else 1. The threads per run follow from it (_jobs_threads), so the joblib presets
+    set neither n_jobs nor train.num_threads."""
     if settings.launcher != "hydra" or settings.hydra_launcher != "joblib":
         return 1
     n = -1  # the joblib preset's default: one job per core
