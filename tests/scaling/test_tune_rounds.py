@@ -50,8 +50,15 @@ def _grid_runs(law, factors, what, variant="default", shift=1.3):
         best = law(n)
         for f in factors:
             x = best * f * shift
-            rows.append({"variant": variant, "N": n, "budget": 1e10, what: x,
-                         "loss": 3.0 - 0.1 * np.log(n) + 0.05 * np.log(x / best) ** 2})
+            rows.append(
+                {
+                    "variant": variant,
+                    "N": n,
+                    "budget": 1e10,
+                    what: x,
+                    "loss": 3.0 - 0.1 * np.log(n) + 0.05 * np.log(x / best) ** 2,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -87,9 +94,16 @@ def test_laws_are_fitted_per_variant():
 def test_beta2_choice_weighs_every_size_the_same():
     # the small model's loss is 4x the large one's: in nats its gaps would decide (0.95), but
     # relative to each size's best 0.99 is best on average (+1 % vs +2.5 % and +3 %)
-    rows = [(1e3, 0.95, 8.00), (1e3, 0.99, 8.16), (1e3, 0.999, 8.40),
-            (1e5, 0.95, 2.10), (1e5, 0.99, 2.00), (1e5, 0.999, 2.02),
-            (1e6, 0.95, 1.50), (1e6, 0.99, 1.40)]  # a size without every beta2 is left out
+    rows = [
+        (1e3, 0.95, 8.00),
+        (1e3, 0.99, 8.16),
+        (1e3, 0.999, 8.40),
+        (1e5, 0.95, 2.10),
+        (1e5, 0.99, 2.00),
+        (1e5, 0.999, 2.02),
+        (1e6, 0.95, 1.50),
+        (1e6, 0.99, 1.40),
+    ]  # a size without every beta2 is left out
     runs = pd.DataFrame(rows, columns=["N", "beta2", "loss"]).assign(budget=1e10)
     got = choose_beta2(runs)
     assert got.best == 0.99
@@ -117,16 +131,17 @@ def test_batch_round_runs_at_lr_star_with_d_fixed_and_drops_what_cannot_run():
         assert seqs == round(16 * r.batch_factor) and r.tune_round == "batch"
         assert r.steps == round(p.tokens / r.tokens_per_step) >= 10
         assert abs(r.tokens - p.tokens) <= r.tokens_per_step / 2  # D kept, up to one step
-        assert r.lr == pytest.approx(0.3 * r.n_params_matmul ** -0.25)
+        assert r.lr == pytest.approx(0.3 * r.n_params_matmul**-0.25)
         assert r.label.endswith(f"-b{r.batch_factor:g}x") and r.stage == "tune"
     lr_ids = {p.point_id for p in lr_round(plan, tuned)[0].points}
-    assert len({p.point_id for p in tp.points}) == 6 and not lr_ids & {p.point_id for p in tp.points}
+    assert len({p.point_id for p in tp.points}) == 6 and not lr_ids & {
+        p.point_id for p in tp.points
+    }
 
 
 def test_batch_round_drops_factors_the_micro_batch_does_not_divide():
     plan = _plan(quantum=4, tune_batch_factors=[0.25, 0.5, 1, 2])  # 4, 8, 16, 32 sequences
-    _, notes = batch_round(_plan(quantum=4, tune_batch_factors=[0.125, 0.5, 1, 2]),
-                           _lr_tuned(plan))
+    _, notes = batch_round(_plan(quantum=4, tune_batch_factors=[0.125, 0.5, 1, 2]), _lr_tuned(plan))
     assert notes and all("not a multiple of 4" in n for n in notes)  # 2 sequences
     tp, notes = batch_round(plan, _lr_tuned(plan))
     assert not notes and len(tp.points) == 8
@@ -139,8 +154,8 @@ def test_beta2_round_runs_at_the_tuned_batch_and_lr():
     tp, _ = beta2_round(plan, tuned)
     assert len(tp.points) == 2 * 2 and {p.beta2 for p in tp.points} == {0.95, 0.99}
     for r in tp.points:
-        assert r.tokens_per_step // plan.seq_len == round_batch(0.5 * r.n_params_matmul ** 0.3)
-        assert r.lr == pytest.approx(0.3 * r.n_params_matmul ** -0.25)
+        assert r.tokens_per_step // plan.seq_len == round_batch(0.5 * r.n_params_matmul**0.3)
+        assert r.lr == pytest.approx(0.3 * r.n_params_matmul**-0.25)
         assert r.optim_overrides(0.1, 0.99)["optim.beta2"] == r.beta2
         assert r.label.endswith(f"-beta2_{r.beta2}")
     no_batch = beta2_round(plan, _lr_tuned(plan))[0]  # no batch round: the base batch
@@ -162,27 +177,36 @@ def test_preview_costs_every_active_round():
 # --- the plan after tuning ----------------------------------------------------------------------
 def test_points_get_their_b_star_with_steps_from_their_d():
     plan = _plan()
-    laws = {"default": {"lr": {"coef": 0.3, "exponent": -0.25},
-                        "batch": {"coef": 0.25, "exponent": 0.35}, "beta2": 0.95}}
+    laws = {
+        "default": {
+            "lr": {"coef": 0.3, "exponent": -0.25},
+            "batch": {"coef": 0.25, "exponent": 0.35},
+            "beta2": 0.95,
+        }
+    }
     tuned = plan.with_hparams(laws)
     assert len(tuned.points) == len(plan.points)
     changed = 0
     for old, p in zip(plan.points, tuned.points, strict=True):
-        want = round_batch(0.25 * p.n_params_matmul ** 0.35)
+        want = round_batch(0.25 * p.n_params_matmul**0.35)
         seqs = p.tokens_per_step // plan.seq_len
         most = old.tokens // (plan.spec.min_steps * plan.seq_len)  # >= min_steps steps remain
         assert seqs == min(want, most) and p.steps >= plan.spec.min_steps
-        assert p.steps == round(old.tokens / p.tokens_per_step) and p.tokens == p.steps * p.tokens_per_step
+        assert (
+            p.steps == round(old.tokens / p.tokens_per_step)
+            and p.tokens == p.steps * p.tokens_per_step
+        )
         assert abs(p.tokens - old.tokens) <= p.tokens_per_step / 2
         assert p.warmup_steps <= plan.spec.max_warmup_fraction * p.steps
-        assert p.lr == pytest.approx(0.3 * p.n_params_matmul ** -0.25) and p.beta2 == 0.95
+        assert p.lr == pytest.approx(0.3 * p.n_params_matmul**-0.25) and p.beta2 == 0.95
         changed += seqs != 16
     assert changed >= 4
     assert not {p.point_id for p in tuned.points} & {p.point_id for p in plan.points}
     # the lr alone leaves batch and beta2 as they were: the same runs as a measured lr law
     lr_only = plan.with_hparams({"default": {"lr": laws["default"]["lr"]}})
-    assert [p.point_id for p in lr_only.points] == \
-        [p.point_id for p in plan.with_lr_law(0.3, -0.25).points]
+    assert [p.point_id for p in lr_only.points] == [
+        p.point_id for p in plan.with_lr_law(0.3, -0.25).points
+    ]
     assert {p.tokens_per_step for p in lr_only.points} == {512}
 
 
@@ -196,9 +220,14 @@ def test_rounded_batch_keeps_the_micro_batch_split():
 
 def test_each_variant_gets_its_own_laws():
     plan = _plan(variants={"mlp": ["gelu", "swiglu"]})
-    laws = {"mlp=gelu": {"lr": {"coef": 0.3, "exponent": -0.25}, "beta2": 0.95},
-            "mlp=swiglu": {"lr": {"coef": 0.1, "exponent": -0.1},
-                           "batch": {"coef": 0.5, "exponent": 0.3}, "beta2": 0.999}}
+    laws = {
+        "mlp=gelu": {"lr": {"coef": 0.3, "exponent": -0.25}, "beta2": 0.95},
+        "mlp=swiglu": {
+            "lr": {"coef": 0.1, "exponent": -0.1},
+            "batch": {"coef": 0.5, "exponent": 0.3},
+            "beta2": 0.999,
+        },
+    }
     tuned = plan.with_hparams(laws)
     for p in tuned.points:
         law = laws[p.variant]
@@ -225,12 +254,19 @@ def test_law_tags_name_each_variant():
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        ({"tune_batch_factors": [1, 2]}, r"sweep\.tune_batch_factors=.*>= 3 distinct.*\[0\.5,1,2\]"),
+        (
+            {"tune_batch_factors": [1, 2]},
+            r"sweep\.tune_batch_factors=.*>= 3 distinct.*\[0\.5,1,2\]",
+        ),
         ({"tune_batch_factors": [0, 1, 2]}, r"sweep\.tune_batch_factors=.*positive"),
-        ({"tune_lr_factors": [], "tune_batch_factors": [0.5, 1, 2]},
-         r"sweep\.tune_batch_factors needs the lr round.*set sweep\.tune_lr_factors"),
-        ({"tune_lr_factors": [], "tune_beta2s": [0.95, 0.99]},
-         r"sweep\.tune_beta2s needs the lr round"),
+        (
+            {"tune_lr_factors": [], "tune_batch_factors": [0.5, 1, 2]},
+            r"sweep\.tune_batch_factors needs the lr round.*set sweep\.tune_lr_factors",
+        ),
+        (
+            {"tune_lr_factors": [], "tune_beta2s": [0.95, 0.99]},
+            r"sweep\.tune_beta2s needs the lr round",
+        ),
         ({"tune_beta2s": [0.99]}, r"sweep\.tune_beta2s=.*>= 2 distinct"),
         ({"tune_beta2s": [0.95, 1.0]}, r"sweep\.tune_beta2s=.*in \(0, 1\)"),
     ],
@@ -252,16 +288,32 @@ def test_a_tuned_point_trains_at_its_batch_beta2_and_steps(tmp_path):
         write_point_config,
     )
 
-    plan = _plan().with_hparams({"default": {"batch": {"coef": 40.0, "exponent": 0.0},
-                                             "beta2": 0.95}})
+    plan = _plan().with_hparams(
+        {"default": {"batch": {"coef": 40.0, "exponent": 0.0}, "beta2": 0.95}}
+    )
     p = plan.points[0]
     assert p.tokens_per_step == 40 * 32
-    settings = RunSettings(name="t", train_overrides=["model=gpt2_tiny", "model.max_seq_len=32",
-                                                      "train.global_batch_size=16",
-                                                      "tokenizer=byte"])
-    base = BaseRun(cfg=None, model_fields=BASE, tokens_per_step=512, micro_batch=16,
-                   block_size=32, train_tokens=None, tracking_uri="sqlite:///x.db",
-                   artifact_root=None, root=tmp_path, accelerator="cpu")
+    settings = RunSettings(
+        name="t",
+        train_overrides=[
+            "model=gpt2_tiny",
+            "model.max_seq_len=32",
+            "train.global_batch_size=16",
+            "tokenizer=byte",
+        ],
+    )
+    base = BaseRun(
+        cfg=None,
+        model_fields=BASE,
+        tokens_per_step=512,
+        micro_batch=16,
+        block_size=32,
+        train_tokens=None,
+        tracking_uri="sqlite:///x.db",
+        artifact_root=None,
+        root=tmp_path,
+        accelerator="cpu",
+    )
     ov = point_overrides(p, plan.spec, settings, base, tmp_path, "PARENT", "sweep_t")
     write_point_config(tmp_path / "conf" / "sweep_point" / f"{p.name}.yaml", p, ov)
     # what scalelab-train gets: the shared overrides (the preset's batch of 16 among them

@@ -24,8 +24,23 @@ from .tune import Round, VariantTune, active_rounds
 from .tune_fit import per_variant
 from .tune_plot import plot_hparams, plot_tune
 
-RUN_COLUMNS = ["round", "run_name", "run_id", "variant", "budget", "N", "D", "lr_factor", "lr",
-               "batch_factor", "batch", "beta2", "loss", "loss_se", "loss_source"]
+RUN_COLUMNS = [
+    "round",
+    "run_name",
+    "run_id",
+    "variant",
+    "budget",
+    "N",
+    "D",
+    "lr_factor",
+    "lr",
+    "batch_factor",
+    "batch",
+    "beta2",
+    "loss",
+    "loss_se",
+    "loss_source",
+]
 
 
 @dataclass
@@ -51,9 +66,16 @@ class _Context:
     echo: Callable[[str], None]
 
 
-def run_tune_stage(plan: Plan, spec: SweepSpec, settings: Any, base: Any, sweep_dir: Path,
-                   parent: Any, scorer: Any, echo: Callable[[str], None]
-                   ) -> tuple[Plan, TuneResult | None]:
+def run_tune_stage(
+    plan: Plan,
+    spec: SweepSpec,
+    settings: Any,
+    base: Any,
+    sweep_dir: Path,
+    parent: Any,
+    scorer: Any,
+    echo: Callable[[str], None],
+) -> tuple[Plan, TuneResult | None]:
     ctx = _Context(spec, settings, base, sweep_dir, parent, scorer, echo)
     tuned = {v: VariantTune() for v in plan.variants}
     frames: list[pd.DataFrame] = []
@@ -68,8 +90,11 @@ def run_tune_stage(plan: Plan, spec: SweepSpec, settings: Any, base: Any, sweep_
         failed |= round_failed
         why = _fit_round(rnd, runs, tuned)
         if why:
-            kept = "the points keep the rule's values" if not frames else \
-                "the points get what the earlier rounds fitted"
+            kept = (
+                "the points keep the rule's values"
+                if not frames
+                else "the points get what the earlier rounds fitted"
+            )
             echo(f"[red]tune stage, {rnd.name} round: {why}; {kept}[/red]")
             parent.set_tags({"sweep_tune": f"failed: {rnd.name} round: {why}"})
             break
@@ -89,26 +114,44 @@ def _train_round(rnd: Round, tp: Plan, ctx: _Context) -> tuple[pd.DataFrame, dic
     from .launch import SweepRunner, save_plan
 
     folder = ctx.sweep_dir / "tune" / ("" if rnd.name == "lr" else rnd.name)
-    ctx.echo(f"tune stage, {rnd.name} round: {len(tp.points)} runs (sweep.{rnd.key}="
-             f"{getattr(ctx.spec, rnd.key)} at {len({p.n_params_matmul for p in tp.points})} "
-             f"sizes), {tp.total_compute:.3g} FLOPs")
+    ctx.echo(
+        f"tune stage, {rnd.name} round: {len(tp.points)} runs (sweep.{rnd.key}="
+        f"{getattr(ctx.spec, rnd.key)} at {len({p.n_params_matmul for p in tp.points})} "
+        f"sizes), {tp.total_compute:.3g} FLOPs"
+    )
     for path in save_plan(tp, folder).values():
         ctx.parent.log_artifact(path, "tune" if rnd.name == "lr" else f"tune/{rnd.name}")
-    outcome = SweepRunner(tp, ctx.spec, ctx.settings, ctx.base, ctx.sweep_dir, ctx.parent,
-                          echo=ctx.echo, on_finished=ctx.scorer).run()
+    outcome = SweepRunner(
+        tp,
+        ctx.spec,
+        ctx.settings,
+        ctx.base,
+        ctx.sweep_dir,
+        ctx.parent,
+        echo=ctx.echo,
+        on_finished=ctx.scorer,
+    ).run()
     if ctx.scorer is not None:
         ctx.scorer.score_all(tp.points)
-    runs = collect(ctx.parent, ctx.spec.n_convention, ctx.settings.flops_convention,
-                   curves=False, point_ids={p.point_id for p in tp.points}).runs
+    runs = collect(
+        ctx.parent,
+        ctx.spec.n_convention,
+        ctx.settings.flops_convention,
+        curves=False,
+        point_ids={p.point_id for p in tp.points},
+    ).runs
     if runs.empty:
         return runs, dict(outcome.failed)
     by_id = {p.point_id: p for p in tp.points}
     pts = [by_id[i] for i in runs["point_id"]]
-    runs = runs.assign(round=rnd.name, lr=[p.lr for p in pts],
-                       lr_factor=[p.lr_factor for p in pts],
-                       batch=[p.tokens_per_step // tp.seq_len for p in pts],
-                       batch_factor=[p.batch_factor for p in pts],
-                       beta2=[ctx.spec.beta2 if p.beta2 is None else p.beta2 for p in pts])
+    runs = runs.assign(
+        round=rnd.name,
+        lr=[p.lr for p in pts],
+        lr_factor=[p.lr_factor for p in pts],
+        batch=[p.tokens_per_step // tp.seq_len for p in pts],
+        batch_factor=[p.batch_factor for p in pts],
+        beta2=[ctx.spec.beta2 if p.beta2 is None else p.beta2 for p in pts],
+    )
     return runs, dict(outcome.failed)
 
 
@@ -135,19 +178,28 @@ def _summaries(rnd: Round, tuned: dict[str, VariantTune]) -> list[str]:
         tag = f" [{variant}]" if len(tuned) > 1 else ""
         got = getattr(t, rnd.name)
         if rnd.name == "beta2":
-            table = ", ".join(f"{r.beta2:g}: {r.mean_rel_excess:+.2%}"
-                              for r in got.table.itertuples())
-            out.append(f"beta2 = {got.best:g}{tag} (mean loss relative to each size's best: "
-                       f"{table})")
+            table = ", ".join(
+                f"{r.beta2:g}: {r.mean_rel_excess:+.2%}" for r in got.table.itertuples()
+            )
+            out.append(
+                f"beta2 = {got.best:g}{tag} (mean loss relative to each size's best: {table})"
+            )
         else:
             n_flag = int(got.sizes["flagged"].sum())
-            out.append(f"{got.describe()}{tag} from {len(got.sizes)} sizes"
-                       + (f" ({n_flag} flagged)" if n_flag else ""))
+            out.append(
+                f"{got.describe()}{tag} from {len(got.sizes)} sizes"
+                + (f" ({n_flag} flagged)" if n_flag else "")
+            )
     return out
 
 
-def _record(runs: pd.DataFrame, tuned: dict[str, VariantTune], failed: dict[str, str],
-            notes: list[str], ctx: _Context) -> TuneResult:
+def _record(
+    runs: pd.DataFrame,
+    tuned: dict[str, VariantTune],
+    failed: dict[str, str],
+    notes: list[str],
+    ctx: _Context,
+) -> TuneResult:
     """runs.csv, law.json and the plots in <sweep>/tune (and on the parent), tags on the parent."""
     folder = ctx.sweep_dir / "tune"
     folder.mkdir(parents=True, exist_ok=True)
@@ -177,8 +229,10 @@ def law_tags(tuned: dict[str, VariantTune]) -> dict[str, str]:
         for key in ("lr", "batch"):
             law = getattr(t, key)
             if law is not None:
-                tags |= {f"{key}_law_coef{sfx}": f"{law.coef:.6g}",
-                         f"{key}_law_exponent{sfx}": f"{law.exponent:.4f}"}
+                tags |= {
+                    f"{key}_law_coef{sfx}": f"{law.coef:.6g}",
+                    f"{key}_law_exponent{sfx}": f"{law.exponent:.4f}",
+                }
                 lines[f"{key}_law"].append(f"{law.describe()}{tag}")
         if t.beta2 is not None:
             tags[f"tuned_beta2{sfx}"] = f"{t.beta2.best:g}"

@@ -51,8 +51,11 @@ class VariantTune:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k).as_dict() for k in ("lr", "batch", "beta2")
-                if getattr(self, k) is not None}
+        return {
+            k: getattr(self, k).as_dict()
+            for k in ("lr", "batch", "beta2")
+            if getattr(self, k) is not None
+        }
 
 
 def tune_bases(plan: Plan) -> list[PlanPoint]:
@@ -64,8 +67,10 @@ def tune_bases(plan: Plan) -> list[PlanPoint]:
     out = []
     for b in budgets:
         for variant in plan.variants:
-            curve = sorted((p for p in base if p.budget == b and p.variant == variant),
-                           key=lambda p: p.n_params_matmul)
+            curve = sorted(
+                (p for p in base if p.budget == b and p.variant == variant),
+                key=lambda p: p.n_params_matmul,
+            )
             k = min(spec.tune_sizes, len(curve))
             picks = sorted({round(i * (len(curve) - 1) / max(k - 1, 1)) for i in range(k)})
             out += [curve[i] for i in picks]
@@ -74,14 +79,16 @@ def tune_bases(plan: Plan) -> list[PlanPoint]:
 
 def _as_tune(p: PlanPoint, **changes: Any) -> PlanPoint:
     """A tune-stage run of point ``p``: cosine, no checkpoints for WSD branches."""
-    return dataclasses.replace(p, stage="tune", save_at_steps=[], schedule="cosine",
-                               decay_fraction=None, **changes)
+    return dataclasses.replace(
+        p, stage="tune", save_at_steps=[], schedule="cosine", decay_fraction=None, **changes
+    )
 
 
 def _round_plan(plan: Plan, points: list[PlanPoint]) -> Plan:
     """The runs of one round as a plan of their own: hashed, never replicated."""
-    tp = dataclasses.replace(plan, points=points,
-                             spec=dataclasses.replace(plan.spec, wsd=False, seeds=1))
+    tp = dataclasses.replace(
+        plan, points=points, spec=dataclasses.replace(plan.spec, wsd=False, seeds=1)
+    )
     tp.finalize()
     return tp
 
@@ -92,8 +99,11 @@ def tune_plan(plan: Plan) -> Plan:
 
 
 def lr_round(plan: Plan, tuned: dict[str, VariantTune]) -> tuple[Plan, list[str]]:
-    out = [_as_tune(p, lr=p.lr * f, lr_factor=f, tune_round="lr")
-           for p in tune_bases(plan) for f in plan.spec.tune_lr_factors]
+    out = [
+        _as_tune(p, lr=p.lr * f, lr_factor=f, tune_round="lr")
+        for p in tune_bases(plan)
+        for f in plan.spec.tune_lr_factors
+    ]
     return _round_plan(plan, out), []
 
 
@@ -122,8 +132,10 @@ def batch_round(plan: Plan, tuned: dict[str, VariantTune]) -> tuple[Plan, list[s
                 if r.steps < spec.min_steps:
                     why = f"{r.steps} steps < sweep.min_steps={spec.min_steps}"
             if why:
-                notes.append(f"batch factor {f:g} dropped at N={p.n_params_matmul:,} "
-                             f"(C={p.budget:.3g}, variant {p.variant}): {why}")
+                notes.append(
+                    f"batch factor {f:g} dropped at N={p.n_params_matmul:,} "
+                    f"(C={p.budget:.3g}, variant {p.variant}): {why}"
+                )
                 continue
             out.append(_as_tune(r, batch_factor=f, tune_round="batch", **_lr_of(p, tuned)))
     return _round_plan(plan, out), notes
@@ -135,8 +147,10 @@ def beta2_round(plan: Plan, tuned: dict[str, VariantTune]) -> tuple[Plan, list[s
     for p in tune_bases(plan):
         law = tuned[p.variant].batch
         at = plan.rebatched(p, float(law(p.n_params_matmul))) if law is not None else p
-        out += [_as_tune(at, beta2=b, tune_round="beta2", **_lr_of(p, tuned))
-                for b in plan.spec.tune_beta2s]
+        out += [
+            _as_tune(at, beta2=b, tune_round="beta2", **_lr_of(p, tuned))
+            for b in plan.spec.tune_beta2s
+        ]
     return _round_plan(plan, out), []
 
 
@@ -153,9 +167,11 @@ class Round:
         return bool(getattr(spec, self.key))
 
 
-ROUNDS = (Round("lr", "tune_lr_factors", lr_round, fit_lr_law),
-          Round("batch", "tune_batch_factors", batch_round, lambda r: fit_power_law(r, "batch")),
-          Round("beta2", "tune_beta2s", beta2_round, choose_beta2))
+ROUNDS = (
+    Round("lr", "tune_lr_factors", lr_round, fit_lr_law),
+    Round("batch", "tune_batch_factors", batch_round, lambda r: fit_power_law(r, "batch")),
+    Round("beta2", "tune_beta2s", beta2_round, choose_beta2),
+)
 
 
 def active_rounds(spec: SweepSpec) -> list[Round]:

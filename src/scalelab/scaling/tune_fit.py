@@ -30,8 +30,11 @@ class PowerLaw:
         return self.coef * np.asarray(n, float) ** self.exponent
 
     def as_dict(self) -> dict:
-        return {"coef": self.coef, "exponent": self.exponent,
-                "sizes": self.sizes.to_dict("records")}
+        return {
+            "coef": self.coef,
+            "exponent": self.exponent,
+            "sizes": self.sizes.to_dict("records"),
+        }
 
     def describe(self) -> str:
         """e.g. lr*(N) = 0.31 * N^-0.2500, B*(N) = 2.1 * N^0.3000 sequences."""
@@ -51,8 +54,9 @@ class Beta2Choice:
         return {"best": self.best, "table": self.table.to_dict("records")}
 
 
-def grid_optimum(x: np.ndarray, loss: np.ndarray, grid_key: str = GRID_KEYS["lr"]
-                 ) -> tuple[float, float, str]:
+def grid_optimum(
+    x: np.ndarray, loss: np.ndarray, grid_key: str = GRID_KEYS["lr"]
+) -> tuple[float, float, str]:
     """(x*, loss at x*, flag reason or "") from a parabola in log x through a 1-D grid's losses.
 
     No interior minimum of the parabola (or fewer than 3 grid values): the grid's best x,
@@ -84,15 +88,26 @@ def fit_power_law(runs: pd.DataFrame, what: str = "lr") -> PowerLaw:
     g = runs.groupby(["N", "budget", what], as_index=False)["loss"].mean()
     for (n, b), grp in g.groupby(["N", "budget"]):
         x, loss, why = grid_optimum(grp[what].to_numpy(), grp["loss"].to_numpy(), GRID_KEYS[what])
-        rows.append({"N": float(n), "budget": float(b), f"{what}_opt": x, "loss_opt": loss,
-                     "n_grid": len(grp), "flagged": bool(why), "reason": why})
+        rows.append(
+            {
+                "N": float(n),
+                "budget": float(b),
+                f"{what}_opt": x,
+                "loss_opt": loss,
+                "n_grid": len(grp),
+                "flagged": bool(why),
+                "reason": why,
+            }
+        )
     sizes = pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
     use = sizes[~sizes["flagged"]]
     if use["N"].nunique() < 2:
         use = sizes
     if use["N"].nunique() < 2:
-        raise ValueError(f"tune stage: {what} optima at {use['N'].nunique()} distinct size(s); a "
-                         f"power law {what}*(N) needs >= 2 (raise sweep.tune_sizes)")
+        raise ValueError(
+            f"tune stage: {what} optima at {use['N'].nunique()} distinct size(s); a "
+            f"power law {what}*(N) needs >= 2 (raise sweep.tune_sizes)"
+        )
     slope, icpt = np.polyfit(np.log(use["N"]), np.log(use[f"{what}_opt"]), 1)
     return PowerLaw(what=what, coef=float(np.exp(icpt)), exponent=float(slope), sizes=sizes)
 
@@ -108,12 +123,18 @@ def choose_beta2(runs: pd.DataFrame) -> Beta2Choice:
     g = runs.groupby(["N", "budget", "beta2"], as_index=False)["loss"].mean()
     wide = g.pivot_table(index=["N", "budget"], columns="beta2", values="loss").dropna()
     if wide.empty:
-        raise ValueError("tune stage: no size finished every beta2 of sweep.tune_beta2s; rerun "
-                         "the sweep to retrain the missing runs")
+        raise ValueError(
+            "tune stage: no size finished every beta2 of sweep.tune_beta2s; rerun "
+            "the sweep to retrain the missing runs"
+        )
     excess = wide.div(wide.min(axis=1), axis=0) - 1  # relative to the size's best beta2
-    table = pd.DataFrame({"beta2": [float(b) for b in excess.columns],
-                          "mean_rel_excess": excess.mean(axis=0).to_numpy(),
-                          "n_sizes": len(excess)})
+    table = pd.DataFrame(
+        {
+            "beta2": [float(b) for b in excess.columns],
+            "mean_rel_excess": excess.mean(axis=0).to_numpy(),
+            "n_sizes": len(excess),
+        }
+    )
     best = float(table.loc[table["mean_rel_excess"].idxmin(), "beta2"])
     return Beta2Choice(best=best, table=table)
 

@@ -14,8 +14,9 @@ from .tune import VariantTune
 STYLES = ("-", "--", ":", "-.")
 
 
-def _grid_panel(ax: Any, runs: pd.DataFrame, tuned: dict[str, VariantTune], what: str,
-                cmap: Any) -> None:
+def _grid_panel(
+    ax: Any, runs: pd.DataFrame, tuned: dict[str, VariantTune], what: str, cmap: Any
+) -> None:
     """Loss vs ``what`` per (variant, size), with each size's optimum as a star."""
     g = runs.groupby(["variant", "N", "budget", what], as_index=False)["loss"].mean()
     keys = sorted({(n, b) for n, b in zip(g["N"], g["budget"], strict=True)})
@@ -27,8 +28,16 @@ def _grid_panel(ax: Any, runs: pd.DataFrame, tuned: dict[str, VariantTune], what
             if s.empty:
                 continue
             col = cmap(i / max(len(keys) - 1, 1))
-            ax.plot(s[what], s["loss"], "o", ls=STYLES[j % len(STYLES)], color=col, ms=4, lw=1,
-                    label=f"N={n:.3g} (C={b:.2g})" + (f" {variant}" if multi else ""))
+            ax.plot(
+                s[what],
+                s["loss"],
+                "o",
+                ls=STYLES[j % len(STYLES)],
+                color=col,
+                ms=4,
+                lw=1,
+                label=f"N={n:.3g} (C={b:.2g})" + (f" {variant}" if multi else ""),
+            )
             r = law.sizes[(law.sizes["N"] == n) & (law.sizes["budget"] == b)] if law else []
             if len(r):
                 ax.plot(r[f"{what}_opt"], r["loss_opt"], "*", color=col, ms=12, mec="k")
@@ -39,6 +48,7 @@ def _grid_panel(ax: Any, runs: pd.DataFrame, tuned: dict[str, VariantTune], what
 
 def _law_panel(bx: Any, tuned: dict[str, VariantTune], what: str, unit: str) -> None:
     """Each variant's per-size optima and its fitted power law."""
+    sym = {"lr": "lr", "batch": "B"}[what]
     for j, (variant, t) in enumerate(sorted(tuned.items())):
         law = getattr(t, what)
         if law is None:
@@ -49,13 +59,18 @@ def _law_panel(bx: Any, tuned: dict[str, VariantTune], what: str, unit: str) -> 
         if len(bad):
             bx.plot(bad["N"], bad[f"{what}_opt"], "x", color=f"C{j}", label=f"flagged{tag}")
         ns = np.geomspace(law.sizes["N"].min() / 2, law.sizes["N"].max() * 4, 50)
-        bx.plot(ns, law(ns), color=f"C{j}", ls=STYLES[j % len(STYLES)],
-                label=f"{what}* = {law.coef:.3g} N^{law.exponent:.3f}{tag}")
+        bx.plot(
+            ns,
+            law(ns),
+            color=f"C{j}",
+            ls=STYLES[j % len(STYLES)],
+            label=f"{sym}* = {law.coef:.3g} N^{law.exponent:.3f}{tag}",
+        )
     bx.set_xscale("log")
     bx.set_yscale("log")
     bx.set_xlabel("parameters N (matmul)")
-    bx.set_ylabel(f"{what}* ({unit})")
-    bx.set_title(f"fitted {what}*(N)")
+    bx.set_ylabel(f"{sym}* ({unit})")
+    bx.set_title(f"fitted {sym}*(N)")
     bx.legend(fontsize=7)
 
 
@@ -90,8 +105,13 @@ def plot_hparams(runs: pd.DataFrame, tuned: dict[str, VariantTune], path: Path) 
         cx = axes[2]
         g = beta2.groupby(["variant", "N", "beta2"], as_index=False)["loss"].mean()
         for j, ((variant, n), s) in enumerate(g.groupby(["variant", "N"])):
-            cx.plot(1 - s["beta2"], s["loss"], "o", ls=STYLES[j % len(STYLES)],
-                    label=f"N={n:.3g}" + (f" {variant}" if len(tuned) > 1 else ""))
+            cx.plot(
+                1 - s["beta2"],
+                s["loss"],
+                "o",
+                ls=STYLES[j % len(STYLES)],
+                label=f"N={n:.3g}" + (f" {variant}" if len(tuned) > 1 else ""),
+            )
         for t in tuned.values():
             if t.beta2 is not None:
                 cx.axvline(1 - t.beta2.best, color="k", lw=0.8, ls=":")
