@@ -1,6 +1,6 @@
 """End to end: a cpu_tiny sweep with the tune stage (lr, batch and beta2 rounds), seed replicates
 and the fixed held-out set, through a real `scalelab-sweep` process and a real MLflow (SQLite)
-store. Kept lean: one budget, 2 sizes x 2 seeds after a 2-size x 3-lr grid, a 2-size x 3-batch
+store. Kept lean: one budget (3e9: short runs, since each round is a launch of its own), 2 sizes x 2 seeds after a 2-size x 3-lr grid, a 2-size x 3-batch
 grid and a 2-size x 2-beta2 grid (20 tiny runs, two at a time)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_tune_stage_seeds_and_heldout(tmp_path):
     e = dict(os.environ, SCALELAB_ROOT=str(tmp_path), PYTHONUNBUFFERED="1",
              MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlruns.db")
-    args = ["sweep=cpu_tiny", "sweep.budgets=[1e10]", "sweep.sizes_per_budget=2",
+    args = ["sweep=cpu_tiny", "sweep.budgets=[3e9]", "sweep.sizes_per_budget=2",
             "sweep.tune_lr_factors=[0.5,1,2]", "sweep.tune_sizes=2", "sweep.seeds=2",
             "sweep.tune_batch_factors=[0.5,1,2]", "sweep.tune_beta2s=[0.95,0.999]",
             "sweep.heldout_tokens=8192", "sweep.val_evals=1", "sweep.fit=false",
@@ -64,8 +64,8 @@ def test_tune_stage_seeds_and_heldout(tmp_path):
         assert {k.data.tags["sweep_replicate"] for k in g} == {"0", "1"}
         assert len({k.data.params["seed"] for k in g}) == 2
         names = sorted(k.info.run_name for k in g)
-        assert names[0].startswith("C1e10-N") and names[1] == names[0] + "-s1"
-    assert all(k.info.run_name.startswith("tune-C1e10-N") for k in tune)
+        assert names[0].startswith("C3e9-N") and names[1] == names[0] + "-s1"
+    assert all(k.info.run_name.startswith("tune-C3e9-N") for k in tune)
     # the fitted law set every point's lr, and the plan, grid runs and law are in MLflow
     arts = {a.path for a in client.list_artifacts(parent.info.run_id, "tune")}
     assert {"tune/law.json", "tune/tune.png", "tune/tune_hparams.png", "tune/runs.csv",
