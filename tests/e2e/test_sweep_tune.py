@@ -1,7 +1,8 @@
 """End to end: a cpu_tiny sweep with the tune stage (lr, batch and beta2 rounds), seed replicates
 and the fixed held-out set, through a real `scalelab-sweep` process and a real MLflow (SQLite)
-store. Kept lean: one budget (3e9: short runs, since each round is a launch of its own), 2 sizes x 2 seeds after a 2-size x 3-lr grid, a 2-size x 3-batch
-grid and a 2-size x 2-beta2 grid (20 tiny runs, two at a time)."""
+store. Kept lean: one budget (3e9: short runs, since each round is a launch of its own), 2 sizes
+x 2 seeds after a 2-size x 3-lr grid, a 2-size x 3-batch grid and a 2-size x 2-beta2 grid (20
+tiny runs, two at a time)."""
 
 from __future__ import annotations
 
