@@ -47,3 +47,37 @@ def test_report_variants(tmp_path):
     assert {"isoflop_pre.png", "isoflop_post.png", "parametric_post.png", "report.md"} <= names
     md = (tmp_path / "report.md").read_text()
     assert "## Variant comparison" in md and "## Variant `post`" in md and "loss_ratio" in md
+
+
+def test_report_states_the_tuned_laws_with_their_plots(results, tmp_path):
+    import numpy as np
+
+    from scalelab.scaling.stage import TuneResult
+    from scalelab.scaling.tune import VariantTune
+    from scalelab.scaling.tune_fit import choose_beta2, fit_lr_law, fit_power_law
+    from scalelab.scaling.tune_plot import plot_hparams, plot_tune
+
+    rows = []
+    for n in (1e3, 1e4):  # parabolas in log x around known optima
+        for rnd, what, best, grid in (("lr", "lr", 0.5 * n**-0.4, (0.5, 1, 2)),
+                                      ("batch", "batch", 2 * n**0.3, (0.5, 1, 2))):
+            rows += [{"round": rnd, "variant": "default", "N": n, "budget": 1e10, what: best * f,
+                      "loss": 3 + 0.1 * np.log(f * 1.2) ** 2} for f in grid]
+        rows += [{"round": "beta2", "variant": "default", "N": n, "budget": 1e10, "beta2": b,
+                  "loss": 3 + d} for b, d in ((0.95, 0.05), (0.99, 0.0))]
+    runs = pd.DataFrame(rows)
+    t = VariantTune(lr=fit_lr_law(runs[runs["round"] == "lr"]),
+                    batch=fit_power_law(runs[runs["round"] == "batch"], "batch"),
+                    beta2=choose_beta2(runs[runs["round"] == "beta2"]))
+    tuned = {"default": t}
+    plots = [plot_tune(runs[runs["round"] == "lr"], tuned, tmp_path / "tune.png"),
+             plot_hparams(runs, tuned, tmp_path / "tune_hparams.png")]
+    tune = TuneResult(tuned, runs, tmp_path, plots, {}, ["batch factor 4 dropped at N=1,000"])
+    files = write_report(results, tmp_path / "rep", tune=tune)
+    assert {"tune.png", "tune_hparams.png"} <= {p.name for p in files}
+    assert all(p.read_bytes()[:8] == PNG_MAGIC for p in plots)
+    md = (tmp_path / "rep" / "report.md").read_text()
+    for needle in ("## Hyperparameters per size", "Rounds lr, batch, beta2", t.lr.describe(),
+                   t.batch.describe(), "**beta2 = 0.99**", "![tune stage](tune_hparams.png)",
+                   "note: batch factor 4 dropped"):
+        assert needle in md, needle

@@ -23,7 +23,8 @@ from scalelab.scaling.fit_synthetic import (
 )
 from scalelab.scaling.heldout import HeldoutSet, evaluate_checkpoint, loss_and_se, window_losses
 from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan
-from scalelab.scaling.tune import fit_lr_law, size_optimum, tune_plan
+from scalelab.scaling.tune import tune_plan
+from scalelab.scaling.tune_fit import fit_lr_law, grid_optimum
 
 TRUE_A = CHINCHILLA["beta"] / (CHINCHILLA["alpha"] + CHINCHILLA["beta"])
 BASE = {"vocab_size": 64, "max_seq_len": 32}
@@ -156,8 +157,8 @@ def test_lr_law_recovers_a_known_power_law():
 
 
 def test_lr_optimum_at_the_edge_of_the_grid_is_flagged():
-    lr, _, why = size_optimum(np.array([1e-3, 2e-3, 4e-3]), np.array([3.0, 2.9, 2.8]))
-    assert lr == pytest.approx(4e-3) and "edge of the lr grid" in why
+    lr, _, why = grid_optimum(np.array([1e-3, 2e-3, 4e-3]), np.array([3.0, 2.9, 2.8]))
+    assert lr == pytest.approx(4e-3) and "edge of the grid: widen sweep.tune_lr_factors" in why
 
 
 def test_tune_plan_picks_sizes_and_the_law_sets_every_lr():

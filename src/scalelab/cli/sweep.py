@@ -66,16 +66,20 @@ def _fmt_s(s: float) -> str:
 
 
 def print_plan(plan: Any, estimates: list[float] | None, console: Any,
-               parallel: int = 1) -> None:
+               parallel: int = 1, tune: dict[str, Any] | None = None) -> None:
+    """The plan table and its settings; ``tune``: the tune rounds' preview (see _tune_preview)."""
     from rich.table import Table
 
     multi = len(plan.variants) > 1
     wsd = any(p.branch_of for p in plan.points)
+    batch = any(p.tokens_per_step != plan.tokens_per_step for p in plan.points)
+    beta2 = any(p.beta2 is not None for p in plan.points)
     t = Table(title=f"sweep plan: {len(plan.points)} runs, "
                     f"{plan.total_compute:.3g} training FLOPs in all", show_lines=False)
     cols = ["run name"] + (["variant"] if multi else []) + [
         "C (FLOPs)", "N (matmul)", "N non-emb", "N total", "d", "L", "heads", "D (tokens)",
-        "D/N", "steps", "lr", "warmup"] + (["WSD branch of"] if wsd else []) + (
+        "D/N", "steps"] + (["batch"] if batch else []) + ["lr"] + (["beta2"] if beta2 else []) + [
+        "warmup"] + (["WSD branch of"] if wsd else []) + (
         ["est. time"] if estimates else [])
     for c in cols:
         t.add_column(c, justify="left" if c in ("run name", "variant") else "right")
@@ -83,7 +87,9 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
         row = [p.label] + ([p.variant] if multi else []) + [
             f"{p.budget:.3g}", f"{p.n_params_matmul:,}", f"{p.n_params_non_embedding:,}",
             f"{p.n_params:,}", str(p.d_model), str(p.n_layers), str(p.n_heads), f"{p.tokens:,}",
-            f"{p.tokens / p.n_params_matmul:.1f}", str(p.steps), f"{p.lr:.2e}",
+            f"{p.tokens / p.n_params_matmul:.1f}", str(p.steps)] + (
+            [str(p.tokens_per_step // plan.seq_len)] if batch else []) + [f"{p.lr:.2e}"] + (
+            [f"{p.beta2 if p.beta2 is not None else plan.spec.beta2:g}"] if beta2 else []) + [
             str(p.warmup_steps)] + ([f"{p.branch_from} @ {p.start_step}" if p.branch_of else ""]
                                     if wsd else []) + ([_fmt_s(estimates[i])] if estimates else [])
         t.add_row(*row)
@@ -94,7 +100,7 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
         f"(lr={study.lr:g}" + (f" x {study.base_width}/d" + (f", max {study.max_lr:g}" if study.max_lr is not None else "")
            if study.lr_rule != "fixed" else "")
         + f"); warmup ~{study.warmup_tokens_per_param:g} N tokens, <= {study.max_warmup_fraction:.0%} of "
-        f"steps" + (f"; tune stage first: lr x {study.tune_lr_factors} -> lr*(N) for every point"
+        f"steps" + (f"; tune stage first: {_tune_rounds_text(study)}"
                     if study.tune_lr_factors else "") + (f"; {study.seeds} seeds per point" if study.seeds > 1
                                                       else "") + f"; {'wsd' if study.wsd else 'cosine'} to {study.min_lr_ratio:g}x; AdamW beta2={study.beta2:g}; N convention "
         f"{study.n_convention}; FLOPs = 6N + 12LTd from ModelConfig")
@@ -106,20 +112,54 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
             f"{[q for q in study.wsd_fractions if q < 1]} x D, each started from its main run's "
             f"stable-phase checkpoint; total cost {plan.total_compute:.3g} FLOPs = "
             f"{plan.total_compute / plan.main_compute:.2f}x the main runs")
+    tune_s = _print_tune_preview(plan, tune, console) if tune else 0.0
     if estimates:
-        total = sum(estimates)
+        total = sum(estimates) + tune_s
         par = f"; {_fmt_s(total / parallel)} with {parallel} runs at a time" if parallel > 1 else ""
-        console.print(f"estimated wall time: {_fmt_s(total)} one run after another{par} "
+        console.print(f"estimated wall time{' with the tune stage' if tune_s else ''}: "
+                      f"{_fmt_s(total)} one run after another{par} "
                       "(throughput of each size measured here + start-up per run)")
 
 
-def _estimates(plan: Any, base: Any, settings: Any, console: Any) -> list[float] | None:
+def _tune_rounds_text(study: Any) -> str:
+    out = f"lr x {study.tune_lr_factors} -> lr*(N)"
+    if study.tune_batch_factors:
+        out += f", then batch x {study.tune_batch_factors} at lr*(N) -> B*(N)"
+    if study.tune_beta2s:
+        out += f", then beta2 in {study.tune_beta2s} -> one beta2"
+    return out + " (per variant) for every point"
+
+
+def _print_tune_preview(plan: Any, tune: dict[str, Any], console: Any) -> float:
+    """One line per tune round (runs, FLOPs, estimated time); the rounds' total seconds."""
+    seconds = 0.0
+    for name, (tp, est) in tune.items():
+        s = sum(est) if est else 0.0
+        seconds += s
+        console.print(f"tune stage, {name} round: {len(tp.points)} runs, {tp.total_compute:.3g} "
+                      f"FLOPs ({tp.total_compute / plan.total_compute:.0%} of the study)"
+                      + (f", ~{_fmt_s(s)} one after another" if est else ""))
+    return seconds
+
+
+def _tune_preview(plan: Any, fps: dict | None, settings: Any) -> dict[str, Any]:
+    """{round: (its runs before any law is known, their time estimates or None)}."""
+    from scalelab.scaling.plan import estimate_seconds
+    from scalelab.scaling.tune import preview_rounds
+
+    return {name: (tp, estimate_seconds(tp, fps, settings.run_overhead_s) if fps else None)
+            for name, tp in preview_rounds(plan).items()}
+
+
+def _estimates(plan: Any, base: Any, settings: Any, console: Any) -> tuple[list[float] | None,
+                                                                         dict | None]:
+    """(each point's estimated seconds, the measured FLOP/s per shape), or (None, None)."""
     if not settings.estimate_time:
-        return None
+        return None, None
     if base.accelerator not in ("cpu", "auto"):
         console.print(f"[dim]no wall-time estimate: the runs use accelerator="
                       f"{base.accelerator}, this process times the CPU[/dim]")
-        return None
+        return None, None
     from scalelab.scaling.plan import estimate_seconds, measure_flops_per_s
 
     t0 = time.time()
@@ -129,15 +169,13 @@ def _estimates(plan: Any, base: Any, settings: Any, console: Any) -> list[float]
     console.print(f"[dim]measured training throughput of {len(fps)} sizes in "
                   f"{time.time() - t0:.1f} s: {min(fps.values()):.2g}-{max(fps.values()):.2g} "
                   "FLOP/s[/dim]")
-    return estimate_seconds(plan, fps, settings.run_overhead_s)
+    return estimate_seconds(plan, fps, settings.run_overhead_s), fps
 
 
 def _parallel_jobs(settings: Any) -> int:
-    """Runs at a time: hydra.launcher.n_jobs of the joblib launcher, else 1.
-
-    HOOK(perf): jobs x train.num_threads should come from the platform's thread-count rule
-    (helper "perf" provides it); call it here and in the presets' launcher_overrides instead
-    of the fixed n_jobs=2 / num_threads=1 of conf/sweep/cpu_*.yaml."""
+    """Runs at a time: hydra.launcher.n_jobs of the joblib launcher (its default: one per
+    core), else 1. The threads per run follow from it (_jobs_threads), so the joblib presets
+    set neither n_jobs nor train.num_threads."""
     if settings.launcher != "hydra" or settings.hydra_launcher != "joblib":
         return 1
     n = -1  # the joblib preset's default: one job per core
@@ -209,8 +247,9 @@ def run(argv: list[str]) -> int:
                   f"({' '.join(settings.train_overrides) or 'defaults'})")
     base = resolve_base(settings.train_overrides)
     plan = build_plan(spec, family, settings, base)
-    estimates = _estimates(plan, base, settings, console)
-    print_plan(plan, estimates, console, _jobs_threads(settings)[0])
+    estimates, fps = _estimates(plan, base, settings, console)
+    tune = _tune_preview(plan, fps, settings) if spec.tune_lr_factors else None
+    print_plan(plan, estimates, console, _jobs_threads(settings)[0], tune)
     sweep_dir = sweep_dir_of(settings, base)
     if args.plan_only or settings.plan_only:
         console.print(f"plan only: nothing ran. Run it with: scalelab-sweep "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,6 +114,8 @@ class BaseRun:
     root: Path
     accelerator: str
     val_tokens: Any = None  # the validation split's tokens (memmap), for the held-out set
+    batch_unit: str = "sequences"  # what train.global_batch_size counts (sequences | tokens)
+    batch_quantum: int = 1  # the global batch (sequences) must be a multiple of this
 
 
 def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
@@ -148,7 +151,8 @@ def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
     return BaseRun(cfg, model_fields, spec.batch.tokens_per_step, spec.batch.micro_batch,
                    spec.block_size, train_tokens, uri,
                    str(cfg.logger.artifact_root) if cfg.logger.artifact_root else None, root,
-                   str(cfg.trainer.accelerator), val_tokens)
+                   str(cfg.trainer.accelerator), val_tokens, str(spec.train.batch_unit),
+                   (spec.train.micro_batch_size or 1) * spec.world_size)
 
 
 def build_plan(spec: SweepSpec, family: FamilyConfig, settings: RunSettings,
@@ -156,7 +160,8 @@ def build_plan(spec: SweepSpec, family: FamilyConfig, settings: RunSettings,
     identity = {"train_overrides": settings.train_overrides,
                 "val_evals": settings.val_evals, "val_batches": settings.val_batches}
     return make_plan(spec, family, base.model_fields, base.tokens_per_step,
-                     train_tokens=base.train_tokens, identity=identity, seq_len=base.block_size)
+                     train_tokens=base.train_tokens, identity=identity, seq_len=base.block_size,
+                     batch_quantum=base.batch_quantum)
 
 
 def sweep_dir_of(settings: RunSettings, base: BaseRun) -> Path:
@@ -199,6 +204,10 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
         "logger.parent_run_id": parent_run_id,
         "paths.output_dir": str(sweep_dir / "runs" / p.name),
     }
+    # every point sets its own global batch: the tune stage's batch round and B*(N) change it
+    # (D fixed, steps recomputed); see shared_train_overrides
+    d["train.global_batch_size"] = (p.tokens_per_step if base.batch_unit == "tokens"
+                                    else p.tokens_per_step // base.block_size)
     if p.replicate:  # seed replicates: the configured seed + replicate (replicate 0 keeps it)
         d["seed"] = int(base.cfg.seed) + p.replicate
     d |= p.optim_overrides(spec.min_lr_ratio, spec.beta2)
@@ -217,7 +226,10 @@ def point_tags(p: PlanPoint, settings: RunSettings) -> dict[str, str]:
             "sweep_size_index": str(p.size_index), "sweep_group_id": p.group_id or p.point_id,
             "sweep_replicate": str(p.replicate), "sweep_stage": p.stage}
     if p.stage == "tune":
-        tags["sweep_lr_factor"] = f"{p.lr_factor:g}"
+        tags |= {"sweep_lr_factor": f"{p.lr_factor:g}", "sweep_tune_round": p.tune_round or "lr",
+                 "sweep_batch_factor": f"{p.batch_factor:g}"}
+        if p.beta2 is not None:
+            tags["sweep_beta2"] = f"{p.beta2:g}"
     if p.branch_of:
         tags |= {"wsd_branch_of": p.branch_of, "wsd_start_step": str(p.start_step)}
     return tags
@@ -235,6 +247,12 @@ def write_point_config(path: Path, p: PlanPoint, overrides: dict[str, Any]) -> N
     atomic_write_text(path, head + OmegaConf.to_yaml(OmegaConf.create(_nest(overrides))))
 
 
+def shared_train_overrides(train_overrides: list[str]) -> list[str]:
+    """The sweep's training overrides as the point runs get them: without the global batch,
+    which each point's config sets (on the command line it would win over the point's value)."""
+    return [o for o in train_overrides if not re.match(r"\+{0,2}train\.global_batch_size=", o)]
+
+
 def train_command(train_overrides: list[str], point_names: list[str], conf_dir: Path,
                   multirun: bool, launcher: str = "basic",
                   launcher_overrides: list[str] | None = None,
@@ -242,7 +260,7 @@ def train_command(train_overrides: list[str], point_names: list[str], conf_dir: 
     cmd = [sys.executable, "-m", TRAIN_MODULE]
     if multirun:
         cmd.append("--multirun")
-    cmd += list(train_overrides)
+    cmd += shared_train_overrides(train_overrides)
     cmd += [f"+sweep_point={','.join(point_names)}", f"hydra.searchpath=[file://{conf_dir}]"]
     if multirun:
         cmd += [f"hydra/launcher={launcher}", *(launcher_overrides or [])]

@@ -116,6 +116,10 @@ class SweepSpec:
     tune_lr_factors: list[float] = field(default_factory=list)  # empty: no tune stage
     tune_budgets: list[float] = field(default_factory=list)  # empty: the smallest budget
     tune_sizes: int = 3  # sizes per tune budget (smallest, middle, largest of its curve)
+    # later rounds of the tune stage, run at lr*(N): a batch grid (factors of the global batch,
+    # D fixed) -> B*(N), then a beta2 grid at lr*(N) and B*(N) -> one beta2 per variant
+    tune_batch_factors: list[float] = field(default_factory=list)  # empty: no batch round
+    tune_beta2s: list[float] = field(default_factory=list)  # empty: no beta2 round
     # a measured law lr*(N) = coef * N^exponent (e.g. from an earlier tune stage's law.json)
     # that sets every point's lr without tuning again; ignored when tune_lr_factors is set
     lr_law: dict[str, float] | None = None
@@ -186,6 +190,7 @@ class SweepSpec:
             raise ValueError(f"sweep.tune_lr_factors={self.tune_lr_factors!r}: >= 3 distinct "
                              "positive factors of the rule's lr (a parabola needs 3), e.g. "
                              "[0.25,0.5,1,2,4]; [] turns the tune stage off")
+        self._check_later_rounds()
         missing = sorted(set(self.tune_budgets) - set(self.budgets))
         if missing and self.mode == "isoflop":
             raise ValueError(f"sweep.tune_budgets has {missing}, which are not in sweep.budgets "
@@ -196,6 +201,25 @@ class SweepSpec:
                 raise ValueError(f"sweep.lr_law={self.lr_law!r}: give {{coef: c, exponent: k}} "
                                  "with c > 0 (lr = c * N^k), or null")
             self.lr_law = {"coef": float(law["coef"]), "exponent": float(law["exponent"])}
+
+    def _check_later_rounds(self) -> None:
+        """The batch and beta2 rounds: grids that make sense, and the lr round they start from."""
+        self.tune_batch_factors = [float(x) for x in self.tune_batch_factors]
+        self.tune_beta2s = [float(x) for x in self.tune_beta2s]
+        if self.tune_batch_factors and (len(set(self.tune_batch_factors)) < 3
+                                        or min(self.tune_batch_factors) <= 0):
+            raise ValueError(f"sweep.tune_batch_factors={self.tune_batch_factors!r}: >= 3 distinct "
+                             "positive factors of the global batch (a parabola needs 3), e.g. "
+                             "[0.5,1,2]; [] turns the batch round off")
+        if self.tune_beta2s and (len(set(self.tune_beta2s)) < 2
+                                 or any(not 0 < b < 1 for b in self.tune_beta2s)):
+            raise ValueError(f"sweep.tune_beta2s={self.tune_beta2s!r}: >= 2 distinct values in "
+                             "(0, 1), e.g. [0.95,0.99,0.999]; [] turns the beta2 round off")
+        for key in ("tune_batch_factors", "tune_beta2s"):
+            if getattr(self, key) and not self.tune_lr_factors:
+                raise ValueError(f"sweep.{key} needs the lr round (it runs at the tuned lr*(N)): "
+                                 "set sweep.tune_lr_factors, e.g. [0.25,0.5,1,2,4], or "
+                                 f"sweep.{key}=[]")
 
     def _check_variants_and_wsd(self) -> None:
         self.variants = {str(k): list(v) for k, v in dict(self.variants or {}).items()}
@@ -264,8 +288,11 @@ class PlanPoint:
     start_step: int = 0
     replicate: int = 0  # seed replicate (sweep.seeds): the run's seed is base seed + replicate
     group_id: str = ""  # point id shared by all replicates of one (N, D, lr, variant) point
-    stage: str = "main"  # main | tune (a run of the lr grid of the tune stage)
+    stage: str = "main"  # main | tune (a run of one of the tune stage's grids)
     lr_factor: float = 1.0  # tune stage: this run's lr / the rule's lr
+    tune_round: str = ""  # tune stage: lr | batch | beta2 (which grid this run belongs to)
+    batch_factor: float = 1.0  # batch round: this run's global batch / the base batch
+    beta2: float | None = None  # AdamW beta2 of this run; None: sweep.beta2
 
     @property
     def cost(self) -> int:
@@ -290,7 +317,8 @@ class PlanPoint:
         if self.variant != "default":
             out += f"-{self.variant}"
         if self.stage == "tune":
-            out = f"tune-{out}-lr{self.lr_factor:g}x"
+            what = {"batch": f"b{self.batch_factor:g}x", "beta2": f"beta2_{self.beta2}"}
+            out = f"tune-{out}-" + what.get(self.tune_round, f"lr{self.lr_factor:g}x")
         if self.replicate:
             out += f"-s{self.replicate}"
         return out
@@ -298,7 +326,7 @@ class PlanPoint:
     def optim_overrides(self, min_lr_ratio: float, beta2: float) -> dict[str, Any]:
         d = {"optim.lr": self.lr, "optim.warmup_steps": self.warmup_steps,
              "optim.schedule": self.schedule, "optim.min_lr_ratio": min_lr_ratio,
-             "optim.beta2": beta2}
+             "optim.beta2": beta2 if self.beta2 is None else self.beta2}
         if self.schedule == "wsd":
             d["optim.decay_fraction"] = self.decay_fraction
         return d
@@ -310,7 +338,8 @@ class PlanPoint:
             "N_matmul": self.n_params_matmul, "d_model": self.d_model, "n_layers": self.n_layers,
             "n_heads": self.n_heads, "D": self.tokens,
             "tokens_per_param": self.tokens / self.n_params_matmul, "C": self.compute,
-            "steps": self.steps, "lr": self.lr, "warmup_steps": self.warmup_steps,
+            "steps": self.steps, "tokens_per_step": self.tokens_per_step, "lr": self.lr,
+            "beta2": self.beta2, "warmup_steps": self.warmup_steps,
             "replicate": self.replicate, "stage": self.stage, "run_name": self.label,
         } | ({"wsd_branch_of": self.branch_from, "start_step": self.start_step, "cost": self.cost}
              if self.schedule == "wsd" else {})
@@ -326,23 +355,63 @@ class Plan:
     points: list[PlanPoint]
     train_tokens: int | None = None
     identity: dict[str, Any] = field(default_factory=dict)
-    lr_law: dict[str, float] | None = None  # lr = coef * N^exponent from the tune stage
+    lr_law: dict[str, float] | None = None  # lr = coef * N^exponent (sweep.lr_law)
+    # sequences the global batch must be a multiple of (micro batch x devices, when set)
+    batch_quantum: int = 1
+    # per variant, what the tune stage fitted: {"lr": {coef, exponent}, "batch": {coef,
+    # exponent}, "beta2": b} (each optional)
+    tuned: dict[str, dict[str, Any]] | None = None
 
     def finalize(self) -> None:
         _finalize(self)
 
     def with_lr_law(self, coef: float, exponent: float) -> Plan:
-        """The plan with every point's peak lr = coef * N_matmul^exponent (the tuned law);
+        """The plan with every point's peak lr = coef * N_matmul^exponent (a measured law);
         hashes, branches and replicates rebuilt (new lr, new runs)."""
+        law = {"coef": float(coef), "exponent": float(exponent)}
+        out = self.with_hparams({v: {"lr": law} for v in self.variants})
+        out.lr_law, out.tuned = law, None
+        return out
+
+    def with_hparams(self, laws: dict[str, dict[str, Any]]) -> Plan:
+        """The plan with each variant's tuned hyperparameters (see ``tuned``) on its points:
+        lr = lr*(N); global batch = B*(N) rounded by :func:`round_batch` with the steps
+        recomputed from the point's D; AdamW beta2. Hashes, branches, replicates rebuilt."""
         base = [dataclasses.replace(p, save_at_steps=[]) for p in self.points
                 if p.replicate == 0 and p.branch_of is None]
+        points = []
         for p in base:
-            # no sweep.max_lr cap: that guards the untuned rule; the law was measured
-            p.lr = float(coef * p.n_params_matmul ** exponent)
-        out = dataclasses.replace(self, points=base,
-                                  lr_law={"coef": float(coef), "exponent": float(exponent)})
+            law = laws.get(p.variant, {})
+            n = p.n_params_matmul
+            if "lr" in law:  # no sweep.max_lr cap: that guards the untuned rule; this was measured
+                p.lr = float(law["lr"]["coef"] * n ** law["lr"]["exponent"])
+            if "batch" in law:
+                p = self.rebatched(p, law["batch"]["coef"] * n ** law["batch"]["exponent"])
+            if "beta2" in law:
+                p.beta2 = float(law["beta2"])
+            points.append(p)
+        out = dataclasses.replace(self, points=points, tuned=dict(laws))
         out.finalize()
         return out
+
+    @property
+    def base_batch(self) -> int:
+        """The configured global batch in sequences."""
+        return self.tokens_per_step // self.seq_len
+
+    def rebatched(self, p: PlanPoint, seqs: float) -> PlanPoint:
+        """``p`` at a global batch of about ``seqs`` sequences (:func:`round_batch`, capped so
+        that at least sweep.min_steps steps remain), D kept: steps and warmup recomputed."""
+        q = self.batch_quantum
+        most = q * max(1, p.tokens // (self.spec.min_steps * self.seq_len * q))
+        return self.at_batch(p, min(round_batch(seqs, q), most))
+
+    def at_batch(self, p: PlanPoint, seqs: int) -> PlanPoint:
+        """``p`` at a global batch of ``seqs`` sequences, D kept: steps and warmup recomputed."""
+        tps = int(seqs) * self.seq_len
+        steps = max(1, round(p.tokens / tps))
+        return dataclasses.replace(p, tokens_per_step=tps, steps=steps, tokens=steps * tps,
+                                   warmup_steps=warmup_steps(p, self.spec, steps, tps))
 
     @property
     def variants(self) -> list[str]:
@@ -365,7 +434,7 @@ class Plan:
         return {"spec": dataclasses.asdict(self.spec), "family": dataclasses.asdict(self.family),
                 "base_model": self.base_model, "tokens_per_step": self.tokens_per_step,
                 "seq_len": self.seq_len, "train_tokens": self.train_tokens,
-                "lr_law": self.lr_law,
+                "lr_law": self.lr_law, "tuned": self.tuned, "batch_quantum": self.batch_quantum,
                 "points": [dataclasses.asdict(p) | {"name": p.name, "compute": p.compute}
                            for p in self.points]}
 
@@ -381,6 +450,18 @@ def _short(x: float) -> str:
             v = x / div
             return (f"{v:.0f}" if v >= 10 else f"{v:.1f}".rstrip("0").rstrip(".")) + suf
     return f"{x:g}"  # pragma: no cover
+
+
+def round_batch(seqs: float, quantum: int = 1) -> int:
+    """A global batch in sequences: the nearest multiple of ``quantum`` (micro batch x devices,
+    which the trainer's batch split requires; 1 when no micro batch is set), at least one."""
+    return int(quantum * max(1, round(float(seqs) / quantum)))
+
+
+def warmup_steps(p: PlanPoint, spec: SweepSpec, steps: int, tokens_per_step: int) -> int:
+    """Warmup ~ warmup_tokens_per_param * N tokens, capped at max_warmup_fraction of the steps."""
+    warm = math.ceil(spec.warmup_tokens_per_param * p.n_params_matmul / tokens_per_step)
+    return max(0, min(warm, int(spec.max_warmup_fraction * steps)))
 
 
 def point_hash(payload: dict[str, Any]) -> str:
@@ -530,6 +611,7 @@ def make_plan(
     train_tokens: int | None = None,
     identity: dict[str, Any] | None = None,
     seq_len: int | None = None,
+    batch_quantum: int = 1,
 ) -> Plan:
     """Build and validate the plan. Raises ValueError (naming the budget/point and the fix)
     for a plan that cannot be honoured, before anything runs.
@@ -537,7 +619,8 @@ def make_plan(
     ``base_model``: ModelConfig fields shared by all points (vocab_size, max_seq_len, arch...).
     ``tokens_per_step``: global batch in tokens. ``train_tokens``: size of the train split (for
     the data-repetition check). ``identity``: extra content that makes two sweeps' points
-    differ (e.g. the base train overrides); it enters every point hash.
+    differ (e.g. the base train overrides); it enters every point hash. ``batch_quantum``: the
+    global batch (sequences) must be a multiple of it (the tune stage's batch round).
     """
     _positive_int("tokens_per_step", tokens_per_step)
     base = {k: v for k, v in dict(base_model).items() if k not in ("d_model", "n_layers", "n_heads")}
@@ -558,7 +641,7 @@ def make_plan(
     for p in points:
         _set_schedule_and_check(p, spec, train_tokens)
     plan = Plan(spec, family, base, tokens_per_step, seq_len, points, train_tokens,
-                identity=identity or {})
+                identity=identity or {}, batch_quantum=int(batch_quantum))
     plan.finalize()
     if spec.lr_law is not None and not spec.tune_lr_factors:
         return plan.with_lr_law(spec.lr_law["coef"], spec.lr_law["exponent"])
@@ -579,13 +662,18 @@ def _point_payload(p: PlanPoint, plan: Plan) -> dict[str, Any]:
     spec = plan.spec
     payload = {"model": p.model_overrides, "extra": p.extra_overrides,
                "tokens": p.tokens, "lr": p.lr, "warmup": p.warmup_steps,
-               "min_lr_ratio": spec.min_lr_ratio, "beta2": spec.beta2,
+               "min_lr_ratio": spec.min_lr_ratio,
+               "beta2": spec.beta2 if p.beta2 is None else p.beta2,
                "base_model": plan.base_model, "identity": plan.identity}
+    if p.tokens_per_step != plan.tokens_per_step:  # only then: other points keep their hashes
+        payload["tokens_per_step"] = p.tokens_per_step
     if spec.wsd:  # only then: cosine sweeps keep the hashes they always had
         payload["wsd"] = {"decay_fraction": spec.wsd_decay_fraction,
                           "fractions": spec.wsd_fractions}
     if p.stage != "main":
         payload["stage"] = p.stage
+    if p.tune_round not in ("", "lr"):  # the lr grid's runs keep the hashes they always had
+        payload["tune_round"] = p.tune_round
     return payload
 
 
@@ -735,8 +823,7 @@ def _set_schedule_and_check(p: PlanPoint, spec: SweepSpec, train_tokens: int | N
         p.lr = float(spec.lr) * spec.base_width / p.d_model
         if spec.max_lr is not None:
             p.lr = min(p.lr, float(spec.max_lr))
-    warm = math.ceil(spec.warmup_tokens_per_param * p.n_params_matmul / p.tokens_per_step)
-    p.warmup_steps = max(0, min(warm, int(spec.max_warmup_fraction * p.steps)))
+    p.warmup_steps = warmup_steps(p, spec, p.steps, p.tokens_per_step)
     if p.steps < spec.min_steps:
         raise ValueError(
             f"{where}: only {p.steps} optimizer steps (D={p.tokens:,} tokens at "

@@ -288,18 +288,32 @@ def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) 
 
 
 def _tune_md(tune, out: Path) -> list[str]:
-    """The tune stage: its plot (copied next to the report), the law and the per-size optima."""
+    """The tune stage: its plots (copied next to the report), each variant's laws and beta2,
+    with the per-size optima they came from."""
     import shutil
 
-    law = tune.law
-    shutil.copy(tune.plot, out / "tune.png")
-    sizes = law.sizes[["N", "budget", "lr_opt", "loss_opt", "n_lrs", "flagged", "reason"]]
-    return ["## Hyperparameters per size (tune stage)", "",
-            f"An lr grid (factors {sorted(tune.runs['lr_factor'].unique().tolist())} of the rule's "
-            f"lr) at {len(sizes)} sizes; per size a parabola in log lr gives lr*; a power law over "
-            f"the sizes gives **lr\\*(N) = {law.coef:.4g} · N^{law.exponent:.3f}**, which set the lr "
-            "of every point of the study (Porian et al. 2024).", "",
-            "![tune stage](tune.png)", "", _md_table(sizes), ""]
+    rounds = list(dict.fromkeys(tune.runs["round"]))
+    md = ["## Hyperparameters per size (tune stage)", "",
+          f"Rounds {', '.join(rounds)}, one after the other at a few sizes (Porian et al. 2024): "
+          "an lr grid (parabola in log lr per size, power law lr\\*(N) over the sizes)"
+          + ("; a batch grid at lr\\*(N) with D fixed (parabola in log B, power law B\\*(N); "
+             "assumes B\\* is tuned at lr\\*(N))" if "batch" in rounds else "")
+          + ("; a beta2 grid at lr\\*(N) and the tuned batch (the beta2 with the lowest mean loss "
+             "above each size's best)" if "beta2" in rounds else "")
+          + ". What they fitted set every point of the study, per variant.", ""]
+    for plot in tune.plots:
+        shutil.copy(plot, out / plot.name)
+        md += [f"![tune stage]({plot.name})", ""]
+    for variant, t in sorted(tune.tuned.items()):
+        if len(tune.tuned) > 1:
+            md += [f"### {variant}", ""]
+        for law in (t.lr, t.batch):
+            if law is not None:
+                md += [f"**{law.describe()}**", "", _md_table(law.sizes), ""]
+        if t.beta2 is not None:
+            md += [f"**beta2 = {t.beta2.best:g}**", "", _md_table(t.beta2.table), ""]
+    md += [f"- note: {n}" for n in tune.notes] + ([""] if tune.notes else [])
+    return md
 
 
 def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
@@ -316,7 +330,7 @@ def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
         md += ["## Plan", "", _md_table(pd.DataFrame(plan)), ""]
     if tune is not None:
         md += _tune_md(tune, out)
-        written.append(out / "tune.png")
+        written += [out / p.name for p in tune.plots]
     elif lr_law:
         md += ["## Hyperparameters per size", "",
                f"Every point's peak lr from the measured law lr\\*(N) = {lr_law['coef']:.4g} · "

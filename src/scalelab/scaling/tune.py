@@ -1,131 +1,186 @@
-"""The tune stage: per-size learning rates as a power law, as Porian et al. (2024) do.
+"""The tune stage: hyperparameters per size, as Porian et al. (2024) tune them.
 
-At a few sizes of the ``sweep.tune_budgets`` IsoFLOP curves (the points themselves: same N,
-D, schedule), each run of an lr grid (``sweep.tune_lr_factors`` x the rule's lr) is trained.
-Per size, a parabola in log lr through the final losses gives lr*(N) (the grid's best lr when
-the parabola has no interior minimum, flagged). A least-squares line in log-log space over
-the sizes gives lr*(N) = coef * N^exponent, which then sets every point's lr
-(:meth:`Plan.with_lr_law`). Pure numpy/pandas: the caller trains, collects and logs.
+At a few sizes of the ``sweep.tune_budgets`` IsoFLOP curves (the points themselves: same N, D,
+schedule), up to three rounds of runs are trained one after the other, each round using what the
+ones before it fitted (:data:`ROUNDS`):
+
+1. lr (``sweep.tune_lr_factors`` x the rule's lr): per size the parabola optimum in log lr,
+   then lr*(N) = coef * N^exponent over the sizes.
+2. batch (``sweep.tune_batch_factors`` x the global batch), every run at lr*(N): per size the
+   parabola optimum in log B, then B*(N). D stays the point's D, so the steps change; a factor
+   that gives a fractional batch, one the micro batch x devices do not divide, or fewer than
+   ``sweep.min_steps`` steps is dropped (and said). Assumption: B* is tuned at lr*(N), which
+   was tuned at the base batch (one pass, not a joint lr x B grid).
+3. beta2 (``sweep.tune_beta2s``), every run at lr*(N) and B*(N) (the base batch without a batch
+   round): the beta2 with the lowest mean loss over the sizes, each relative to its size's best.
+
+Everything is fitted per variant, and :meth:`Plan.with_hparams` puts each variant's values on its
+own points. Pure numpy/pandas: the caller (scaling/stage.py) trains, collects and logs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from .plan import Plan
+from .plan import Plan, PlanPoint, SweepSpec
+from .tune_fit import Beta2Choice, PowerLaw, choose_beta2, fit_lr_law, fit_power_law
 
 
-def tune_plan(plan: Plan) -> Plan:
-    """The lr-grid runs: ``tune_sizes`` sizes (smallest .. largest, evenly by index) of each
-    tune budget's curve, each at every lr factor. Stage "tune", never replicated."""
+@dataclass
+class VariantTune:
+    """What the rounds fitted so far for one variant."""
+
+    lr: PowerLaw | None = None
+    batch: PowerLaw | None = None
+    beta2: Beta2Choice | None = None
+
+    def hparams(self) -> dict[str, Any]:
+        """The form :meth:`Plan.with_hparams` takes."""
+        out: dict[str, Any] = {}
+        for key in ("lr", "batch"):
+            law = getattr(self, key)
+            if law is not None:
+                out[key] = {"coef": law.coef, "exponent": law.exponent}
+        if self.beta2 is not None:
+            out["beta2"] = self.beta2.best
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            k: getattr(self, k).as_dict()
+            for k in ("lr", "batch", "beta2")
+            if getattr(self, k) is not None
+        }
+
+
+def tune_bases(plan: Plan) -> list[PlanPoint]:
+    """The points the rounds run at: ``tune_sizes`` sizes (smallest .. largest, evenly by
+    index) of each tune budget's curve, per variant."""
     spec = plan.spec
     budgets = spec.tune_budgets or [min(p.budget for p in plan.points)]
     base = [p for p in plan.points if p.replicate == 0 and p.branch_of is None]
     out = []
     for b in budgets:
         for variant in plan.variants:
-            curve = sorted((p for p in base if p.budget == b and p.variant == variant),
-                           key=lambda p: p.n_params_matmul)
+            curve = sorted(
+                (p for p in base if p.budget == b and p.variant == variant),
+                key=lambda p: p.n_params_matmul,
+            )
             k = min(spec.tune_sizes, len(curve))
             picks = sorted({round(i * (len(curve) - 1) / max(k - 1, 1)) for i in range(k)})
-            for i in picks:
-                for f in spec.tune_lr_factors:
-                    out.append(dataclasses.replace(
-                        curve[i], stage="tune", lr=curve[i].lr * f, lr_factor=f,
-                        save_at_steps=[], schedule="cosine", decay_fraction=None))
-    tp = dataclasses.replace(plan, points=out,
-                             spec=dataclasses.replace(spec, wsd=False, seeds=1))
+            out += [curve[i] for i in picks]
+    return out
+
+
+def _as_tune(p: PlanPoint, **changes: Any) -> PlanPoint:
+    """A tune-stage run of point ``p``: cosine, no checkpoints for WSD branches."""
+    return dataclasses.replace(
+        p, stage="tune", save_at_steps=[], schedule="cosine", decay_fraction=None, **changes
+    )
+
+
+def _round_plan(plan: Plan, points: list[PlanPoint]) -> Plan:
+    """The runs of one round as a plan of their own: hashed, never replicated."""
+    tp = dataclasses.replace(
+        plan, points=points, spec=dataclasses.replace(plan.spec, wsd=False, seeds=1)
+    )
     tp.finalize()
     return tp
 
 
-@dataclass
-class LrLaw:
-    """lr*(N) = coef * N^exponent, and the per-size optima it was fitted to."""
-
-    coef: float
-    exponent: float
-    sizes: pd.DataFrame  # N, budget, lr_opt, loss_opt, flagged, reason
-
-    def __call__(self, n) -> np.ndarray:
-        return self.coef * np.asarray(n, float) ** self.exponent
-
-    def as_dict(self) -> dict:
-        return {"coef": self.coef, "exponent": self.exponent,
-                "sizes": self.sizes.to_dict("records")}
+def tune_plan(plan: Plan) -> Plan:
+    """The lr round: every tune size at every lr factor of the rule's lr."""
+    return lr_round(plan, {})[0]
 
 
-def size_optimum(lr: np.ndarray, loss: np.ndarray) -> tuple[float, float, str]:
-    """(lr*, loss at lr*, flag reason or "") from a parabola in log lr."""
-    x, y = np.log(np.asarray(lr, float)), np.asarray(loss, float)
-    k = int(np.argmin(y))
-    if len(np.unique(x)) >= 3:
-        c2, c1, c0 = np.polyfit(x, y, 2)
-        if c2 > 0:
-            xv = -c1 / (2 * c2)
-            if x.min() <= xv <= x.max() and k not in (int(np.argmin(x)), int(np.argmax(x))):
-                return float(np.exp(xv)), float(np.polyval([c2, c1, c0], xv)), ""
-    edge = "lowest loss at the edge of the lr grid: widen sweep.tune_lr_factors"
-    return float(np.exp(x[k])), float(y[k]), edge if k in (int(np.argmin(x)), int(np.argmax(x))) \
-        else "no interior parabola minimum"
+def lr_round(plan: Plan, tuned: dict[str, VariantTune]) -> tuple[Plan, list[str]]:
+    out = [
+        _as_tune(p, lr=p.lr * f, lr_factor=f, tune_round="lr")
+        for p in tune_bases(plan)
+        for f in plan.spec.tune_lr_factors
+    ]
+    return _round_plan(plan, out), []
 
 
-def fit_lr_law(runs: pd.DataFrame) -> LrLaw:
-    """``runs``: one row per tune run with N, budget, lr, loss (replicates are averaged)."""
-    rows = []
-    g = runs.groupby(["N", "budget", "lr"], as_index=False)["loss"].mean()
-    for (n, b), grp in g.groupby(["N", "budget"]):
-        lr, loss, why = size_optimum(grp["lr"].to_numpy(), grp["loss"].to_numpy())
-        rows.append({"N": float(n), "budget": float(b), "lr_opt": lr, "loss_opt": loss,
-                     "n_lrs": len(grp), "flagged": bool(why), "reason": why})
-    sizes = pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
-    use = sizes[~sizes["flagged"]]
-    if use["N"].nunique() < 2:  # edge optima still say which way lr must move
-        use = sizes
-    if use["N"].nunique() < 2:
-        raise ValueError(f"tune stage: lr optima at {use['N'].nunique()} distinct size(s); a "
-                         "power law lr*(N) needs >= 2 (raise sweep.tune_sizes)")
-    slope, icpt = np.polyfit(np.log(use["N"]), np.log(use["lr_opt"]), 1)
-    return LrLaw(coef=float(np.exp(icpt)), exponent=float(slope), sizes=sizes)
+def _lr_of(p: PlanPoint, tuned: dict[str, VariantTune]) -> dict[str, float]:
+    law = tuned[p.variant].lr
+    if law is None:
+        raise ValueError(f"tune stage: no lr*(N) for variant {p.variant}; the lr round comes first")
+    lr = float(law(p.n_params_matmul))
+    return {"lr": lr, "lr_factor": lr / p.lr}
 
 
-def plot_tune(runs: pd.DataFrame, law: LrLaw, path: Path) -> Path:
-    """Loss vs lr per size (with each size's optimum) and the fitted lr*(N)."""
-    from .report import _plt, _save
+def batch_round(plan: Plan, tuned: dict[str, VariantTune]) -> tuple[Plan, list[str]]:
+    """Every tune size at every batch factor, at lr*(N), D fixed; the factors a size cannot
+    take are dropped, each with a note saying why."""
+    spec, q, out, notes = plan.spec, plan.batch_quantum, [], []
+    for p in tune_bases(plan):
+        for f in spec.tune_batch_factors:
+            seqs = f * plan.base_batch
+            why = ""
+            if abs(seqs - round(seqs)) > 1e-9 or round(seqs) < 1:
+                why = f"{seqs:g} sequences is not a whole batch"
+            elif round(seqs) % q:
+                why = f"{round(seqs)} sequences is not a multiple of {q} (micro batch x devices)"
+            else:
+                r = plan.at_batch(p, round(seqs))
+                if r.steps < spec.min_steps:
+                    why = f"{r.steps} steps < sweep.min_steps={spec.min_steps}"
+            if why:
+                notes.append(
+                    f"batch factor {f:g} dropped at N={p.n_params_matmul:,} "
+                    f"(C={p.budget:.3g}, variant {p.variant}): {why}"
+                )
+                continue
+            out.append(_as_tune(r, batch_factor=f, tune_round="batch", **_lr_of(p, tuned)))
+    return _round_plan(plan, out), notes
 
-    plt = _plt()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.5))
-    g = runs.groupby(["N", "budget", "lr"], as_index=False)["loss"].mean()
-    cmap = plt.get_cmap("viridis")
-    keys = sorted({(n, b) for n, b in zip(g["N"], g["budget"], strict=True)})
-    for i, (n, b) in enumerate(keys):
-        col = cmap(i / max(len(keys) - 1, 1))
-        s = g[(g["N"] == n) & (g["budget"] == b)].sort_values("lr")
-        ax.plot(s["lr"], s["loss"], "o-", color=col, ms=4, lw=1, label=f"N={n:.3g} (C={b:.2g})")
-        r = law.sizes[(law.sizes["N"] == n) & (law.sizes["budget"] == b)]
-        if len(r):
-            ax.plot(r["lr_opt"], r["loss_opt"], "*", color=col, ms=12, mec="k")
-    ax.set_xscale("log")
-    ax.set_xlabel("peak learning rate")
-    ax.set_ylabel("final loss (nats)")
-    ax.set_title("tune stage: loss vs lr per size (* = optimum)")
-    ax.legend(fontsize=7)
-    ok = law.sizes[~law.sizes["flagged"]]
-    bad = law.sizes[law.sizes["flagged"]]
-    bx.plot(ok["N"], ok["lr_opt"], "o", color="tab:blue", label="optimum")
-    if len(bad):
-        bx.plot(bad["N"], bad["lr_opt"], "x", color="tab:red", label="edge of grid (flagged)")
-    ns = np.geomspace(law.sizes["N"].min() / 2, law.sizes["N"].max() * 4, 50)
-    bx.plot(ns, law(ns), "k-", label=f"lr* = {law.coef:.3g} N^{law.exponent:.3f}")
-    bx.set_xscale("log")
-    bx.set_yscale("log")
-    bx.set_xlabel("parameters N (matmul)")
-    bx.set_ylabel("lr*")
-    bx.set_title("fitted lr*(N)")
-    bx.legend(fontsize=7)
-    return _save(fig, path)
+
+def beta2_round(plan: Plan, tuned: dict[str, VariantTune]) -> tuple[Plan, list[str]]:
+    """Every tune size at every beta2, at lr*(N) and B*(N) (the base batch if not tuned)."""
+    out = []
+    for p in tune_bases(plan):
+        law = tuned[p.variant].batch
+        at = plan.rebatched(p, float(law(p.n_params_matmul))) if law is not None else p
+        out += [
+            _as_tune(at, beta2=b, tune_round="beta2", **_lr_of(p, tuned))
+            for b in plan.spec.tune_beta2s
+        ]
+    return _round_plan(plan, out), []
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of the tune stage: which grid, how its runs are planned, how they are fitted."""
+
+    name: str  # lr | batch | beta2: the VariantTune field it fills
+    key: str  # the SweepSpec key of its grid (empty: the round is off)
+    plan: Callable[[Plan, dict[str, VariantTune]], tuple[Plan, list[str]]]
+    fit: Callable[[pd.DataFrame], Any]  # one variant's runs of the round -> its result
+
+    def enabled(self, spec: SweepSpec) -> bool:
+        return bool(getattr(spec, self.key))
+
+
+ROUNDS = (
+    Round("lr", "tune_lr_factors", lr_round, fit_lr_law),
+    Round("batch", "tune_batch_factors", batch_round, lambda r: fit_power_law(r, "batch")),
+    Round("beta2", "tune_beta2s", beta2_round, choose_beta2),
+)
+
+
+def active_rounds(spec: SweepSpec) -> list[Round]:
+    return [r for r in ROUNDS if r.enabled(spec)]
+
+
+def preview_rounds(plan: Plan) -> dict[str, Plan]:
+    """Each active round's runs before any law is known, for the planner's compute and time
+    estimate: their cost does not depend on the lr or beta2, nor on the batch (D is fixed)."""
+    placeholder = PowerLaw("lr", coef=plan.spec.lr, exponent=0.0, sizes=pd.DataFrame())
+    tuned = {v: VariantTune(lr=placeholder) for v in plan.variants}
+    return {r.name: r.plan(plan, tuned)[0] for r in active_rounds(plan.spec)}

@@ -1,0 +1,146 @@
+"""Fits of the tune stage: the optimum of a 1-D log grid, power laws over sizes, beta2's choice.
+
+Per size (one variant, one tune budget), a parabola in log x through the final losses of a grid
+of x (the peak lr, or the global batch) gives x*(N); a least-squares line in log-log space over
+the sizes gives x*(N) = coef * N^exponent. beta2 is one value per variant: the grid value with
+the lowest mean excess loss over the sizes. Pure numpy/pandas; no training, no MLflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+# the run column each power law is fitted to, and the sweep key of its grid (for the flags)
+GRID_KEYS = {"lr": "sweep.tune_lr_factors", "batch": "sweep.tune_batch_factors"}
+
+
+@dataclass
+class PowerLaw:
+    """x*(N) = coef * N^exponent for x = ``what`` (lr or batch), and the per-size optima."""
+
+    what: str  # lr | batch
+    coef: float
+    exponent: float
+    sizes: pd.DataFrame  # N, budget, <what>_opt, loss_opt, n_grid, flagged, reason
+
+    def __call__(self, n) -> np.ndarray:
+        return self.coef * np.asarray(n, float) ** self.exponent
+
+    def as_dict(self) -> dict:
+        return {
+            "coef": self.coef,
+            "exponent": self.exponent,
+            "sizes": self.sizes.to_dict("records"),
+        }
+
+    def describe(self) -> str:
+        """e.g. lr*(N) = 0.31 * N^-0.2500, B*(N) = 2.1 * N^0.3000 sequences."""
+        name, unit = {"lr": ("lr", ""), "batch": ("B", " sequences")}[self.what]
+        return f"{name}*(N) = {self.coef:.4g} * N^{self.exponent:.4f}{unit}"
+
+
+@dataclass
+class Beta2Choice:
+    """The beta2 with the lowest mean loss over the sizes, each size's loss taken relative to
+    its own best (loss / best - 1, so a small model's higher loss does not outweigh the rest)."""
+
+    best: float
+    table: pd.DataFrame  # beta2, mean_rel_excess (mean of loss / size's best - 1), n_sizes
+
+    def as_dict(self) -> dict:
+        return {"best": self.best, "table": self.table.to_dict("records")}
+
+
+def grid_optimum(
+    x: np.ndarray, loss: np.ndarray, grid_key: str = GRID_KEYS["lr"]
+) -> tuple[float, float, str]:
+    """(x*, loss at x*, flag reason or "") from a parabola in log x through a 1-D grid's losses.
+
+    No interior minimum of the parabola (or fewer than 3 grid values): the grid's best x,
+    flagged; at the edge of the grid the flag says to widen ``grid_key``."""
+    xs, y = np.asarray(x, float), np.asarray(loss, float)
+    lx = np.log(xs)
+    k = int(np.argmin(y))
+    ends = (int(np.argmin(lx)), int(np.argmax(lx)))
+    if len(np.unique(lx)) >= 3:
+        c2, c1, c0 = np.polyfit(lx, y, 2)
+        if c2 > 0:
+            xv = -c1 / (2 * c2)
+            if lx.min() <= xv <= lx.max() and k not in ends:
+                return float(np.exp(xv)), float(np.polyval([c2, c1, c0], xv)), ""
+    if len(np.unique(lx)) < 3:
+        why = f"fewer than 3 grid values (widen {grid_key})"
+    elif k in ends:
+        why = f"lowest loss at the edge of the grid: widen {grid_key}"
+    else:
+        why = "no interior parabola minimum"
+    return float(xs[k]), float(y[k]), why
+
+
+def fit_power_law(runs: pd.DataFrame, what: str = "lr") -> PowerLaw:
+    """``runs``: one row per tune run of one variant with N, budget, ``what``, loss (replicates
+    are averaged). Flagged optima are left out of the line unless fewer than 2 sizes remain
+    (edge optima still say which way x must move)."""
+    rows = []
+    g = runs.groupby(["N", "budget", what], as_index=False)["loss"].mean()
+    for (n, b), grp in g.groupby(["N", "budget"]):
+        x, loss, why = grid_optimum(grp[what].to_numpy(), grp["loss"].to_numpy(), GRID_KEYS[what])
+        rows.append(
+            {
+                "N": float(n),
+                "budget": float(b),
+                f"{what}_opt": x,
+                "loss_opt": loss,
+                "n_grid": len(grp),
+                "flagged": bool(why),
+                "reason": why,
+            }
+        )
+    sizes = pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
+    use = sizes[~sizes["flagged"]]
+    if use["N"].nunique() < 2:
+        use = sizes
+    if use["N"].nunique() < 2:
+        raise ValueError(
+            f"tune stage: {what} optima at {use['N'].nunique()} distinct size(s); a "
+            f"power law {what}*(N) needs >= 2 (raise sweep.tune_sizes)"
+        )
+    slope, icpt = np.polyfit(np.log(use["N"]), np.log(use[f"{what}_opt"]), 1)
+    return PowerLaw(what=what, coef=float(np.exp(icpt)), exponent=float(slope), sizes=sizes)
+
+
+def fit_lr_law(runs: pd.DataFrame) -> PowerLaw:
+    """lr*(N) over all rows of ``runs`` (one variant)."""
+    return fit_power_law(runs, "lr")
+
+
+def choose_beta2(runs: pd.DataFrame) -> Beta2Choice:
+    """``runs``: one variant's beta2-round runs with N, budget, beta2, loss. Only sizes where
+    every beta2 of the grid finished count, so each beta2 is judged on the same sizes."""
+    g = runs.groupby(["N", "budget", "beta2"], as_index=False)["loss"].mean()
+    wide = g.pivot_table(index=["N", "budget"], columns="beta2", values="loss").dropna()
+    if wide.empty:
+        raise ValueError(
+            "tune stage: no size finished every beta2 of sweep.tune_beta2s; rerun "
+            "the sweep to retrain the missing runs"
+        )
+    excess = wide.div(wide.min(axis=1), axis=0) - 1  # relative to the size's best beta2
+    table = pd.DataFrame(
+        {
+            "beta2": [float(b) for b in excess.columns],
+            "mean_rel_excess": excess.mean(axis=0).to_numpy(),
+            "n_sizes": len(excess),
+        }
+    )
+    best = float(table.loc[table["mean_rel_excess"].idxmin(), "beta2"])
+    return Beta2Choice(best=best, table=table)
+
+
+def per_variant(runs: pd.DataFrame, fit) -> dict:
+    """``fit`` applied to each variant's rows of ``runs`` separately: {variant: result}."""
+    if "variant" not in runs:
+        return {"default": fit(runs)}
+    return {str(v): fit(grp) for v, grp in runs.groupby("variant")}
