@@ -120,7 +120,7 @@ def test_run_metrics_page_orders_charts_by_key_prefix(tmp_path: Path) -> None:
     with _ui(tmp_path, store, "chart_order") as link:
         page = link.replace("?", f"/runs/{run_id}/model-metrics?")
         out = Path(os.environ.get("SCALELAB_UI_SHOT", tmp_path / "metrics.png"))
-        text = _screenshot()(page, out, width=1500, height=1400, wait=120.0, until="tokens_per_sec")
+        text = _screenshot()(page, out, width=1500, height=1400, wait=120.0, until="Model metrics")
     lines = [line.strip() for line in text.splitlines()]
     sections = [name for name in ("perf", "train", "val", "Model metrics") if name in lines]
     assert sections == ["train", "val", "Model metrics"], text[:3000]
