@@ -62,7 +62,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cmd = [
         str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "server",
         "--host", "127.0.0.1", "--port", str(port),
-        "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
+        "--backend-store-uri", sqlite_store(d / "mlflow.db"),
         "--artifacts-destination", str(d / "artifacts"),
         "--workers", "1",
     ]

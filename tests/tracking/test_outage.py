@@ -32,9 +32,11 @@ def _healthy(url: str) -> bool:
 
 
 def _start_server(d: Path, port: int) -> subprocess.Popen:
+    from tests.conftest import sqlite_store
+
     mlflow_bin = Path(sys.executable).parent / "mlflow"
     cmd = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "server", "--host", "127.0.0.1",
-           "--port", str(port), "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
+           "--port", str(port), "--backend-store-uri", sqlite_store(d / "mlflow.db"),
            "--artifacts-destination", str(d / "artifacts"), "--workers", "1"]
     log = open(d / "server.log", "a")  # noqa: SIM115 (the child holds it; closed with the test)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
