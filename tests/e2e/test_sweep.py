@@ -93,6 +93,11 @@ def test_plan_only_and_bad_plans(env):
     bad = _sweep(env, "--plan-only", "sweep=cpu_tiny", "sweep.budgets=[1e6]")
     assert bad.returncode == 2
     assert "error:" in bad.stderr and "too small" in bad.stderr
+    # a training override of a key each point sets would silently beat the plan's values
+    clash = _sweep(env, "--plan-only", "sweep=cpu_tiny", "optim.lr=1e-3")
+    assert clash.returncode == 2 and "Traceback" not in clash.stderr
+    assert clash.stderr.strip().splitlines() == [clash.stderr.strip()]
+    assert "optim.lr=1e-3" in clash.stderr and "sweep.lr" in clash.stderr
 
 
 def test_failing_points_do_not_stop_the_others(env):

@@ -23,6 +23,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from scalelab.cli.sweep_plan import fmt_seconds, print_plan
 from scalelab.data.files import atomic_write_text
 
 GROUPS_NOT_VARIANTS = "a variant axis must name a field (model.mlp=gelu,swiglu), not a config group"
@@ -59,87 +60,6 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str], dict[st
         else:
             train_ov.append(text)
     return sweep_ov, train_ov, variants, launch_ov
-
-
-def _fmt_s(s: float) -> str:
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
-
-
-def print_plan(plan: Any, estimates: list[float] | None, console: Any,
-               parallel: int = 1, tune: dict[str, Any] | None = None) -> None:
-    """The plan table and its settings; ``tune``: the tune rounds' preview (see _tune_preview)."""
-    from rich.table import Table
-
-    multi = len(plan.variants) > 1
-    wsd = any(p.branch_of for p in plan.points)
-    batch = any(p.tokens_per_step != plan.tokens_per_step for p in plan.points)
-    beta2 = any(p.beta2 is not None for p in plan.points)
-    t = Table(title=f"sweep plan: {len(plan.points)} runs, "
-                    f"{plan.total_compute:.3g} training FLOPs in all", show_lines=False)
-    cols = ["run name"] + (["variant"] if multi else []) + [
-        "C (FLOPs)", "N (matmul)", "N non-emb", "N total", "d", "L", "heads", "D (tokens)",
-        "D/N", "steps"] + (["batch"] if batch else []) + ["lr"] + (["beta2"] if beta2 else []) + [
-        "warmup"] + (["WSD branch of"] if wsd else []) + (
-        ["est. time"] if estimates else [])
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("run name", "variant") else "right")
-    for i, p in enumerate(plan.points):
-        row = [p.label] + ([p.variant] if multi else []) + [
-            f"{p.budget:.3g}", f"{p.n_params_matmul:,}", f"{p.n_params_non_embedding:,}",
-            f"{p.n_params:,}", str(p.d_model), str(p.n_layers), str(p.n_heads), f"{p.tokens:,}",
-            f"{p.tokens / p.n_params_matmul:.1f}", str(p.steps)] + (
-            [str(p.tokens_per_step // plan.seq_len)] if batch else []) + [f"{p.lr:.2e}"] + (
-            [f"{p.beta2 if p.beta2 is not None else plan.spec.beta2:g}"] if beta2 else []) + [
-            str(p.warmup_steps)] + ([f"{p.branch_from} @ {p.start_step}" if p.branch_of else ""]
-                                    if wsd else []) + ([_fmt_s(estimates[i])] if estimates else [])
-        t.add_row(*row)
-    console.print(t)
-    study = plan.spec
-    console.print(
-        f"tokens/step {plan.tokens_per_step:,} (T={plan.seq_len}); lr rule {study.lr_rule} "
-        f"(lr={study.lr:g}" + (f" x {study.base_width}/d" + (f", max {study.max_lr:g}" if study.max_lr is not None else "")
-           if study.lr_rule != "fixed" else "")
-        + f"); warmup ~{study.warmup_tokens_per_param:g} N tokens, <= {study.max_warmup_fraction:.0%} of "
-        f"steps" + (f"; tune stage first: {_tune_rounds_text(study)}"
-                    if study.tune_lr_factors else "") + (f"; {study.seeds} seeds per point" if study.seeds > 1
-                                                      else "") + f"; {'wsd' if study.wsd else 'cosine'} to {study.min_lr_ratio:g}x; AdamW beta2={study.beta2:g}; N convention "
-        f"{study.n_convention}; FLOPs = 6N + 12LTd from ModelConfig")
-    n_branch = sum(1 for p in plan.points if p.branch_of)
-    if n_branch:
-        console.print(
-            f"WSD: {len(plan.points) - n_branch} main runs (decay over the last "
-            f"{study.wsd_decay_fraction:.0%}) + {n_branch} cooldown branches at "
-            f"{[q for q in study.wsd_fractions if q < 1]} x D, each started from its main run's "
-            f"stable-phase checkpoint; total cost {plan.total_compute:.3g} FLOPs = "
-            f"{plan.total_compute / plan.main_compute:.2f}x the main runs")
-    tune_s = _print_tune_preview(plan, tune, console) if tune else 0.0
-    if estimates:
-        total = sum(estimates) + tune_s
-        par = f"; {_fmt_s(total / parallel)} with {parallel} runs at a time" if parallel > 1 else ""
-        console.print(f"estimated wall time{' with the tune stage' if tune_s else ''}: "
-                      f"{_fmt_s(total)} one run after another{par} "
-                      "(throughput of each size measured here + start-up per run)")
-
-
-def _tune_rounds_text(study: Any) -> str:
-    out = f"lr x {study.tune_lr_factors} -> lr*(N)"
-    if study.tune_batch_factors:
-        out += f", then batch x {study.tune_batch_factors} at lr*(N) -> B*(N)"
-    if study.tune_beta2s:
-        out += f", then beta2 in {study.tune_beta2s} -> one beta2"
-    return out + " (per variant) for every point"
-
-
-def _print_tune_preview(plan: Any, tune: dict[str, Any], console: Any) -> float:
-    """One line per tune round (runs, FLOPs, estimated time); the rounds' total seconds."""
-    seconds = 0.0
-    for name, (tp, est) in tune.items():
-        s = sum(est) if est else 0.0
-        seconds += s
-        console.print(f"tune stage, {name} round: {len(tp.points)} runs, {tp.total_compute:.3g} "
-                      f"FLOPs ({tp.total_compute / plan.total_compute:.0%} of the study)"
-                      + (f", ~{_fmt_s(s)} one after another" if est else ""))
-    return seconds
 
 
 def _tune_preview(plan: Any, fps: dict | None, settings: Any) -> dict[str, Any]:
@@ -228,7 +148,12 @@ def run(argv: list[str]) -> int:
     from rich.console import Console
 
     from scalelab.config.compose import compose
-    from scalelab.scaling.launch import build_plan, resolve_base, sweep_dir_of
+    from scalelab.scaling.launch import (
+        build_plan,
+        check_point_overrides,
+        resolve_base,
+        sweep_dir_of,
+    )
 
     args = _parse_args(argv)
     # a wide table even when stdout is a file or a pipe (rich would wrap at 80 columns)
@@ -247,6 +172,7 @@ def run(argv: list[str]) -> int:
                   f"({' '.join(settings.train_overrides) or 'defaults'})")
     base = resolve_base(settings.train_overrides)
     plan = build_plan(spec, family, settings, base)
+    check_point_overrides(plan, spec, settings, base)
     estimates, fps = _estimates(plan, base, settings, console)
     tune = _tune_preview(plan, fps, settings) if spec.tune_lr_factors else None
     print_plan(plan, estimates, console, _jobs_threads(settings)[0], tune)
@@ -429,7 +355,7 @@ def _summary(console: Any, plan: Any, outcome: Any, collected: Any, fit_lines: l
              parent: Any, sweep_dir: Path, wall: float) -> None:
     line = "─" * 72
     console.print(line)
-    console.print(f"[bold]sweep {plan.spec.name} done[/bold] in {_fmt_s(wall)}: "
+    console.print(f"[bold]sweep {plan.spec.name} done[/bold] in {fmt_seconds(wall)}: "
                   f"{len(outcome.finished)} trained now, {len(outcome.skipped)} skipped "
                   f"(already finished), {len(outcome.failed)} failed; "
                   f"{len(collected.runs)}/{len(plan.points)} points have a finished run")

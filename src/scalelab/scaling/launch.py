@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalelab.data.files import atomic_write_json, atomic_write_text
 from scalelab.scaling.plan import FamilyConfig, Plan, PlanPoint, SweepSpec, make_plan
+from scalelab.scaling.shared_overrides import check_shared_overrides, shared_train_overrides
 
 LAUNCHERS = ("hydra", "subprocess")
 TRAIN_MODULE = "scalelab.cli.train"
@@ -116,6 +116,7 @@ class BaseRun:
     val_tokens: Any = None  # the validation split's tokens (memmap), for the held-out set
     batch_unit: str = "sequences"  # what train.global_batch_size counts (sequences | tokens)
     batch_quantum: int = 1  # the global batch (sequences) must be a multiple of this
+    seed: int = 0  # the configured seed: replicate r of a point trains with seed + r
 
 
 def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
@@ -152,7 +153,7 @@ def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
                    spec.block_size, train_tokens, uri,
                    str(cfg.logger.artifact_root) if cfg.logger.artifact_root else None, root,
                    str(cfg.trainer.accelerator), val_tokens, str(spec.train.batch_unit),
-                   (spec.train.micro_batch_size or 1) * spec.world_size)
+                   (spec.train.micro_batch_size or 1) * spec.world_size, int(cfg.seed))
 
 
 def build_plan(spec: SweepSpec, family: FamilyConfig, settings: RunSettings,
@@ -208,8 +209,9 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
     # (D fixed, steps recomputed); see shared_train_overrides
     d["train.global_batch_size"] = (p.tokens_per_step if base.batch_unit == "tokens"
                                     else p.tokens_per_step // base.block_size)
-    if p.replicate:  # seed replicates: the configured seed + replicate (replicate 0 keeps it)
-        d["seed"] = int(base.cfg.seed) + p.replicate
+    # seed replicates: the configured seed + replicate; set on replicate 0 too, so that a seed
+    # override of the sweep reaches every replicate through the base config (shared_overrides)
+    d["seed"] = base.seed + p.replicate
     d |= p.optim_overrides(spec.min_lr_ratio, spec.beta2)
     if p.save_at_steps:  # WSD main run: stable-phase checkpoints for its cooldown branches
         d["train.save_at_steps"] = list(p.save_at_steps)
@@ -218,6 +220,14 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
     d |= {f"tags.{k}": v for k, v in point_tags(p, settings).items()}
     d |= dict(p.extra_overrides)
     return d
+
+
+def check_point_overrides(plan: Plan, spec: SweepSpec, settings: RunSettings,
+                          base: BaseRun) -> None:
+    """Refuse a shared training override of a key the plan sets per point (shared_overrides)."""
+    keys = {k for p in plan.points for k in point_overrides(p, spec, settings, base, Path("."),
+                                                             "", "")}
+    check_shared_overrides(settings.train_overrides, keys)
 
 
 def point_tags(p: PlanPoint, settings: RunSettings) -> dict[str, str]:
@@ -245,12 +255,6 @@ def write_point_config(path: Path, p: PlanPoint, overrides: dict[str, Any]) -> N
     head = (f"# @package _global_\n# {p.name}: budget C={p.budget:.3g} FLOPs, variant {p.variant},"
             f" N={p.n_params_matmul:,} (matmul), D={p.tokens:,} tokens, {p.steps} steps\n")
     atomic_write_text(path, head + OmegaConf.to_yaml(OmegaConf.create(_nest(overrides))))
-
-
-def shared_train_overrides(train_overrides: list[str]) -> list[str]:
-    """The sweep's training overrides as the point runs get them: without the global batch,
-    which each point's config sets (on the command line it would win over the point's value)."""
-    return [o for o in train_overrides if not re.match(r"\+{0,2}train\.global_batch_size=", o)]
 
 
 def train_command(train_overrides: list[str], point_names: list[str], conf_dir: Path,
