@@ -72,6 +72,34 @@ def test_batch_law_recovers_a_known_power_law():
     assert law.describe().startswith("B*(N) = 2 * N^0.3000")
 
 
+def test_too_few_interior_optima_fit_through_the_edges_not_two_close_points():
+    """cpu_medium's batch round (held-out losses): 2 interior optima at N = 528 and 772, 4 at
+    the small edge. A line through the 2 alone gave B*(N) ~ N^+0.98; every size says smaller."""
+    losses = {  # (N, budget): losses at 16, 32, 64 sequences
+        (528, 4e9): (2.8231, 2.8211, 2.8615), (1440, 4e9): (2.6646, 2.6914, 2.8760),
+        (4416, 4e9): (2.8555, 3.1078, 3.1718), (772, 4e10): (2.7235, 2.7128, 2.7205),
+        (4416, 4e10): (2.2445, 2.3478, 2.4815), (16152, 4e10): (2.5252, 2.6622, 2.9903),
+    }
+    runs = pd.DataFrame([{"N": n, "budget": c, "batch": b, "loss": loss}
+                         for (n, c), ls in losses.items() for b, loss in zip((16, 32, 64), ls, strict=True)])
+    law = fit_power_law(runs, "batch")
+    assert law.basis == "all" and law.sizes["used"].all()
+    assert int(law.sizes["flagged"].sum()) == 4
+    assert law.exponent < 0 and 12 < law(16152) < 24
+    assert "widen sweep.tune_batch_factors" in law.basis_note()
+    assert law.as_dict()["basis"] == "all"
+
+
+def test_enough_interior_optima_leave_the_edges_out():
+    runs = _grid_runs(lambda n: 2.0 * n**0.3, (0.5, 1, 2, 4), "batch")
+    edge = pd.DataFrame([{"variant": "default", "N": 2.56e5, "budget": 1e10, "batch": x,
+                          "loss": 3.0 - 0.01 * i} for i, x in enumerate((10.0, 20.0, 40.0))])
+    law = fit_power_law(pd.concat([runs, edge], ignore_index=True), "batch")
+    assert law.basis == "interior" and law.basis_note() == ""
+    assert list(law.sizes["used"]) == [True] * 4 + [False]
+    assert law.exponent == pytest.approx(0.3, abs=1e-6)
+
+
 def test_one_grid_optimum_serves_lr_and_batch_and_flags_the_edge():
     x = np.array([4.0, 8.0, 16.0, 32.0])
     loss = 2.0 + (np.log(x) - np.log(11.0)) ** 2

@@ -309,7 +309,8 @@ def _tune_md(tune, out: Path) -> list[str]:
             md += [f"### {variant}", ""]
         for law in (t.lr, t.batch):
             if law is not None:
-                md += [f"**{law.describe()}**", "", _md_table(law.sizes), ""]
+                note = f" ({law.basis_note()})" if law.basis_note() else ""
+                md += [f"**{law.describe()}**{note}", "", _md_table(law.sizes), ""]
         if t.beta2 is not None:
             md += [f"**beta2 = {t.beta2.best:g}**", "", _md_table(t.beta2.table), ""]
     md += [f"- note: {n}" for n in tune.notes] + ([""] if tune.notes else [])

@@ -186,9 +186,11 @@ def _summaries(rnd: Round, tuned: dict[str, VariantTune]) -> list[str]:
             )
         else:
             n_flag = int(got.sizes["flagged"].sum())
+            note = got.basis_note()
             out.append(
                 f"{got.describe()}{tag} from {len(got.sizes)} sizes"
                 + (f" ({n_flag} flagged)" if n_flag else "")
+                + (f"; {note}" if note else "")
             )
     return out
 

@@ -15,6 +15,11 @@ import pandas as pd
 
 # the run column each power law is fitted to, and the sweep key of its grid (for the flags)
 GRID_KEYS = {"lr": "sweep.tune_lr_factors", "batch": "sweep.tune_batch_factors"}
+# A line through interior optima only if there are this many sizes spanning this factor in N.
+# Two neighbouring sizes alone extrapolate wildly: cpu_medium's batch round once had 2 interior
+# optima (N = 528 and 772) and 4 at the grid's small edge, and the line through the 2 gave
+# B*(N) ~ N^+0.98, i.e. 20x the batch at N = 16k, where every size said "smaller".
+MIN_INTERIOR, MIN_SPAN = 3, 4.0
 
 
 @dataclass
@@ -24,7 +29,8 @@ class PowerLaw:
     what: str  # lr | batch
     coef: float
     exponent: float
-    sizes: pd.DataFrame  # N, budget, <what>_opt, loss_opt, n_grid, flagged, reason
+    sizes: pd.DataFrame  # N, budget, <what>_opt, loss_opt, n_grid, flagged, reason, used
+    basis: str = "interior"  # interior: the line runs through interior optima only; all: edges too
 
     def __call__(self, n) -> np.ndarray:
         return self.coef * np.asarray(n, float) ** self.exponent
@@ -33,6 +39,7 @@ class PowerLaw:
         return {
             "coef": self.coef,
             "exponent": self.exponent,
+            "basis": self.basis,
             "sizes": self.sizes.to_dict("records"),
         }
 
@@ -40,6 +47,13 @@ class PowerLaw:
         """e.g. lr*(N) = 0.31 * N^-0.2500, B*(N) = 2.1 * N^0.3000 sequences."""
         name, unit = {"lr": ("lr", ""), "batch": ("B", " sequences")}[self.what]
         return f"{name}*(N) = {self.coef:.4g} * N^{self.exponent:.4f}{unit}"
+
+    def basis_note(self) -> str:
+        """Why the line runs through edge optima too, or "" when it uses interior ones only."""
+        if self.basis == "interior":
+            return ""
+        return (f"fewer than {MIN_INTERIOR} interior optima spanning {MIN_SPAN:g}x in N: fitted "
+                f"through every size's best, edges included; widen {GRID_KEYS[self.what]}")
 
 
 @dataclass
@@ -82,8 +96,8 @@ def grid_optimum(
 
 def fit_power_law(runs: pd.DataFrame, what: str = "lr") -> PowerLaw:
     """``runs``: one row per tune run of one variant with N, budget, ``what``, loss (replicates
-    are averaged). Flagged optima are left out of the line unless fewer than 2 sizes remain
-    (edge optima still say which way x must move)."""
+    are averaged). The line runs through the interior optima when there are ``MIN_INTERIOR``
+    spanning ``MIN_SPAN`` in N, else through every size's best (``basis`` says which)."""
     rows = []
     g = runs.groupby(["N", "budget", what], as_index=False)["loss"].mean()
     for (n, b), grp in g.groupby(["N", "budget"]):
@@ -100,16 +114,21 @@ def fit_power_law(runs: pd.DataFrame, what: str = "lr") -> PowerLaw:
             }
         )
     sizes = pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
-    use = sizes[~sizes["flagged"]]
-    if use["N"].nunique() < 2:
-        use = sizes
+    interior = sizes[~sizes["flagged"]]
+    enough = (interior["N"].nunique() >= MIN_INTERIOR
+              and interior["N"].max() >= MIN_SPAN * interior["N"].min())
+    # Too few interior optima: an edge optimum still bounds x* and says which way it moves,
+    # so the line goes through every size's best rather than through 2 close points.
+    sizes["used"] = ~sizes["flagged"] if enough else True
+    use = sizes[sizes["used"]]
     if use["N"].nunique() < 2:
         raise ValueError(
             f"tune stage: {what} optima at {use['N'].nunique()} distinct size(s); a "
             f"power law {what}*(N) needs >= 2 (raise sweep.tune_sizes)"
         )
     slope, icpt = np.polyfit(np.log(use["N"]), np.log(use[f"{what}_opt"]), 1)
-    return PowerLaw(what=what, coef=float(np.exp(icpt)), exponent=float(slope), sizes=sizes)
+    return PowerLaw(what=what, coef=float(np.exp(icpt)), exponent=float(slope), sizes=sizes,
+                    basis="interior" if enough else "all")
 
 
 def fit_lr_law(runs: pd.DataFrame) -> PowerLaw:
