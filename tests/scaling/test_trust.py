@@ -77,6 +77,21 @@ def test_replicate_bootstrap_uses_point_means_and_covers_the_truth():
         assert e.n >= 35 and e.lo <= TRUE_A <= e.hi, (key, e)
 
 
+def test_replicate_resample_has_the_unbiased_variance_of_a_mean():
+    """A plain resample of 3 seeds has 2/3 of their variance; the bootstrap must not be
+    narrower than the noise it measures."""
+    from scalelab.scaling.fit import _resample_replicates
+
+    reps = pd.DataFrame({"group_id": ["p"] * 3 + ["q"] * 2, "loss": [1.0, 2.0, 3.0, 5.0, 5.0]})
+    points = pd.DataFrame({"group_id": ["p", "q"], "loss": [2.0, 5.0]})
+    rng = np.random.default_rng(0)
+    draws = pd.concat([_resample_replicates(reps, points, rng) for _ in range(20000)])
+    p = draws[draws["group_id"] == "p"]["loss"]
+    assert p.mean() == pytest.approx(2.0, abs=0.01)
+    assert p.var() == pytest.approx(np.var([1.0, 2.0, 3.0], ddof=1) / 3, rel=0.04)  # not 2/9
+    assert (draws[draws["group_id"] == "q"]["loss"] == 5.0).all()
+
+
 def test_more_seeds_narrow_the_interval():
     base = isoflop_runs(budgets=(1e18, 1e19, 1e20, 1e21), sizes_per_budget=7, noise=0.0)
     widths = []

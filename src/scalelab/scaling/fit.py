@@ -145,10 +145,18 @@ def endpoint_curves(points: pd.DataFrame) -> pd.DataFrame:
 def _resample_replicates(reps: pd.DataFrame, points: pd.DataFrame,
                          rng: np.random.Generator) -> pd.DataFrame:
     """The points with each mean loss recomputed from a resample (with replacement) of its
-    own seed replicates: the noise of a fixed design, measured rather than assumed."""
+    own seed replicates: the noise of a fixed design, measured rather than assumed.
+
+    A resample of n values has (n-1)/n of their variance (2/3 with 3 seeds, so intervals ~18 %
+    too narrow), so each resampled mean's deviation from the point's mean is scaled by
+    sqrt(n/(n-1)): its bootstrap variance is then s^2/n, the unbiased variance of a mean."""
     losses = reps.groupby("group_id", sort=False)["loss"].apply(lambda s: s.to_numpy())
-    new = [float(rng.choice(losses[gid], len(losses[gid]), replace=True).mean())
-           for gid in points["group_id"]]
+    new = []
+    for gid in points["group_id"]:
+        x = losses[gid]
+        n, m = len(x), float(x.mean())
+        inflate = np.sqrt(n / (n - 1)) if n > 1 else 1.0
+        new.append(m + inflate * (float(rng.choice(x, n, replace=True).mean()) - m))
     return points.assign(loss=new)
 
 
