@@ -1,12 +1,13 @@
 """Which noise control changed a study's precision most? Refit one sweep's runs.csv with one
 factor taken away at a time and print the 95 % CI half-widths the issue's targets are about.
 
-    python scripts/scaling_ablation.py sweeps/cpu_medium/runs.csv [--n-boot 200]
+    python scripts/scaling_ablation.py sweeps/cpu_medium/runs.csv \
+        [--untuned sweeps/cpu_medium_untuned/runs.csv] [--n-boot 200]
 
-Rows: the full study; the in-training validation loss instead of the fixed held-out set (eval
-size); one seed instead of all (seeds, when the sweep has replicates); every other budget
-dropped (budgets). Tuning cannot be taken away from finished runs: compare with a sweep run
-with sweep.tune_lr_factors=[] (see docs/scaling-study.md).
+Rows: the full study; fewer seeds (when the sweep has replicates); the same sweep without its
+tune stage (tuning cannot be taken away from finished runs, so --untuned reads a sweep run with
+sweep.tune_lr_factors=[] sweep.tune_batch_factors=[] sweep.tune_beta2s=[]); the in-training
+validation loss instead of the fixed held-out set (eval size); every other budget (budgets).
 """
 
 from __future__ import annotations
@@ -36,31 +37,42 @@ def summary(runs: pd.DataFrame, n_boot: int) -> dict[str, str]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs_csv")
-    ap.add_argument("--n-boot", type=int, default=200)
-    args = ap.parse_args()
-    runs = pd.read_csv(args.runs_csv)
-    runs = runs[runs.get("stage", "main") == "main"] if "stage" in runs else runs
+def cases_of(runs: pd.DataFrame, untuned: pd.DataFrame | None) -> dict[str, pd.DataFrame]:
+    """The full study and one control taken away per row, each with all the seeds it has."""
     cases = {"full study": runs}
-    if "replicate" in runs and runs["replicate"].nunique() > 1:
-        # only budgets whose every point has all its seeds (a second-seed pass may be partial)
-        k = runs["replicate"].nunique()
+    k = runs["replicate"].nunique() if "replicate" in runs else 1
+    if k > 1:
+        # only budgets whose every point has all its seeds (a seed pass may be partial)
         full = runs.groupby("budget")["group_id"].agg(lambda g: g.value_counts().min() == k
                                                       and g.nunique() * k == len(g))
-        rep = runs[runs["budget"].isin(full[full].index)]
-        if rep["budget"].nunique() >= 2:
-            cases[f"seeds: {k} seeds, budgets {sorted(rep['budget'].unique())}"] = rep
-            cases["seeds: 1 seed, same budgets"] = rep[rep["replicate"] == 0]
-        runs = runs[runs["replicate"] == 0]
-        cases["full study"] = runs
+        runs = runs[runs["budget"].isin(full[full].index)]
+        cases = {f"full study ({k} seeds)": runs}
+        for j in range(1, k):
+            cases[f"seeds: {j} instead of {k}"] = runs[runs["replicate"] < j]
+    if untuned is not None:
+        cases["tuning: none (untuned sweep, 1 seed)"] = untuned
     if "val_loss" in runs and runs["val_loss"].notna().all():
         cases["eval: in-training val loss (4k tokens)"] = runs.assign(loss=runs["val_loss"],
                                                                      loss_se=np.nan)
     budgets = np.sort(runs["budget"].unique())
     if len(budgets) >= 5:
         cases["budgets: every other one"] = runs[runs["budget"].isin(budgets[::2])]
+    return cases
+
+
+def _main_runs(path: str) -> pd.DataFrame:
+    runs = pd.read_csv(path)
+    return runs[runs["stage"] == "main"] if "stage" in runs else runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs_csv")
+    ap.add_argument("--untuned", help="runs.csv of the same sweep run without its tune stage")
+    ap.add_argument("--n-boot", type=int, default=200)
+    args = ap.parse_args()
+    untuned = _main_runs(args.untuned) if args.untuned else None
+    cases = cases_of(_main_runs(args.runs_csv), untuned)
     rows = [{"case": name, **summary(df, args.n_boot)} for name, df in cases.items()]
     table = pd.DataFrame(rows)
     try:
