@@ -231,11 +231,14 @@ def _noise_md(vf: VariantFit, results: ScalingResults) -> list[str]:
                    f"point): median {rel.median():.3%} of the loss, max {rel.max():.3%}.")
     if vf.boot_mode == "replicates":
         sd = (r["loss_sd"] / r["loss"]).dropna()
-        out.append(f"- Seed spread: {int(r['n_rep'].min())}-{int(r['n_rep'].max())} seeds per "
+        lo, hi = int(r["n_rep"].min()), int(r["n_rep"].max())
+        out.append(f"- Seed spread: {lo if lo == hi else f'{lo}-{hi}'} seeds per "
                    f"point; the standard deviation across seeds is median {sd.median():.3%}, max "
                    f"{sd.max():.3%} of the loss. The fits use each point's mean over its seeds; "
                    f"the {results.options.n_boot} bootstrap replicates resample each point's "
-                   "seeds (fixed design: the same points, their noise measured, not assumed).")
+                   "seeds, each resampled mean's deviation scaled by sqrt(n/(n-1)) so its "
+                   "variance is s^2/n (fixed design: the same points, their noise measured, not "
+                   "assumed).")
     else:
         out.append("- One seed per point: the bootstrap resamples points within each budget "
                    "(Approach 2) or over all points (Approach 3). Use sweep.seeds=K to measure "
