@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     import scalelab.cli.train as T
+    import scalelab.cli.trainer_build as B
 
     class StepProfiler(pl.Callback):
         def __init__(self) -> None:
@@ -53,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                 self.prof.__exit__(None, None, None)
 
     profiler = StepProfiler()
-    build = T._callbacks
-    T._callbacks = lambda *a, **k: [*build(*a, **k), profiler]  # type: ignore[assignment]
+    build = B.scalelab_callbacks
+    B.scalelab_callbacks = lambda *a, **k: [*build(*a, **k), profiler]  # type: ignore[assignment]
     with tempfile.TemporaryDirectory() as tmp:
         sys.argv = [sys.argv[0], f"paths.output_dir={tmp}/run", "logger=none",
                     f"train.max_steps={args.start + args.steps + 2}",
