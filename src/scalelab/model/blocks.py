@@ -16,13 +16,18 @@ from .norms import build_norm
 from .variants import NORM_POSITIONS, check_registry
 
 
+def _dropout(cfg: ModelConfig) -> nn.Module:
+    # no module call at all when dropout is off (the usual pre-training setting)
+    return nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
+
+
 class PreNorm(nn.Module):
     """x + dropout(F(norm(x))) (GPT-2, Llama): the residual stream is never normalized, so
     gradients flow straight through; the stack then needs a final norm."""
 
     def __init__(self, cfg: ModelConfig, fn: nn.Module) -> None:
         super().__init__()
-        self.norm, self.fn, self.drop = build_norm(cfg), fn, nn.Dropout(cfg.dropout)
+        self.norm, self.fn, self.drop = build_norm(cfg), fn, _dropout(cfg)
 
     def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
         return x + self.drop(self.fn(self.norm(x), **kw))
@@ -33,7 +38,7 @@ class PostNorm(nn.Module):
 
     def __init__(self, cfg: ModelConfig, fn: nn.Module) -> None:
         super().__init__()
-        self.norm, self.fn, self.drop = build_norm(cfg), fn, nn.Dropout(cfg.dropout)
+        self.norm, self.fn, self.drop = build_norm(cfg), fn, _dropout(cfg)
 
     def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
         return self.norm(x + self.drop(self.fn(x, **kw)))
