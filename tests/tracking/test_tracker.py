@@ -84,3 +84,43 @@ def test_tracker_statuses_parent_and_resume(tmp_path: Path) -> None:
     assert client.get_run(first.run_id).data.params["lr"] == "0.1"
     with pytest.raises(RuntimeError, match="not in"):
         start(resume_run_id="0" * 32)
+
+
+def test_metric_values_are_sent_at_most_every_interval_in_order_and_never_lost(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+    from tests.conftest import sqlite_store
+
+    from scalelab.tracking.run import Tracker
+
+    uri = sqlite_store(tmp_path / "mlruns.db")
+    client = MlflowClient(uri)
+
+    def steps(tracker: Tracker) -> list[int]:
+        return sorted(m.step for m in client.get_metric_history(tracker.run_id, "train/loss"))
+
+    held = Tracker.start(uri, "unit", "held", {}, artifact_root=str(tmp_path / "a"),
+                         metrics_interval_s=3600.0)
+    logger = held.lightning_logger()
+    logger.log_metrics({"train/loss": 3.0}, step=1)
+    assert steps(held) == [1]  # the first values go out at once: the UI shows the run has started
+    for step in range(2, 6):
+        logger.log_metrics({"train/loss": 3.0 - step / 10}, step=step)
+    assert steps(held) == [1]  # held until the interval has passed
+    held.set_tags({"phase": "val"})  # any other call sends the held values first
+    assert steps(held) == [1, 2, 3, 4, 5]
+    logger.log_metrics({"train/loss": 1.0}, step=6)
+    with held.status_guard():
+        pass
+    assert steps(held) == [1, 2, 3, 4, 5, 6]  # ending the run sends the rest
+    assert client.get_run(held.run_id).info.status == "FINISHED"
+
+    timed = Tracker.start(uri, "unit", "timed", {}, artifact_root=str(tmp_path / "a"),
+                          metrics_interval_s=0.3)
+    logger = timed.lightning_logger()
+    logger.log_metrics({"train/loss": 3.0}, step=1)
+    logger.log_metrics({"train/loss": 2.0}, step=2)
+    assert steps(timed) == [1]
+    time.sleep(0.4)
+    logger.log_metrics({"train/loss": 1.0}, step=3)  # the interval has passed: 2 and 3 go together
+    assert steps(timed) == [1, 2, 3]
+    timed.end("KILLED")

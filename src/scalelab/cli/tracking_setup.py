@@ -59,6 +59,7 @@ def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None, ran
         parent_run_id=logger.parent_run_id or multirun_parent, resume_run_id=resume_run_id,
         probe_timeout=float(logger.probe_timeout), folder=Path(str(spec.paths.output_dir)),
         outage_wait_s=float(logger.outage_wait_s),
+        metrics_interval_s=float(logger.metrics_interval_s),
     )
     tracker.multirun_parent_id = multirun_parent
     return tracker

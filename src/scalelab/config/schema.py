@@ -102,6 +102,7 @@ class LoggerSchema:
     log_checkpoint: bool = MISSING
     probe_timeout: float = MISSING
     outage_wait_s: float = MISSING  # at the end, wait this long for a server that went away
+    metrics_interval_s: float = MISSING  # send metric values at most this often (0: every log step)
 
 
 @dataclass

@@ -173,6 +173,9 @@ def _check_run_keys(train: TrainSection, logger: LoggerSchema) -> None:
         raise ValueError(f"train.val_batches={train.val_batches}: must be >= 1")
     if logger.backend not in LOGGER_BACKENDS:
         raise ValueError(f"logger.backend={logger.backend!r}: choose mlflow or none (logger=none)")
+    if not float(logger.metrics_interval_s) >= 0:
+        raise ValueError(f"logger.metrics_interval_s={logger.metrics_interval_s}: seconds >= 0 "
+                         "(0 sends metric values at every log step)")
 
 
 def _max_steps(trainer: TrainerSchema, train: TrainSection, tokens_per_step: int) -> int:

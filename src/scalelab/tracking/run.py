@@ -110,12 +110,13 @@ class Tracker:
     """Rank-0 handle on one MLflow run (new, or reopened for a resume)."""
 
     def __init__(self, client: MlflowClient, run_id: str, tracking_uri: str, resumed: bool,
-                 folder: Path | None = None, outage_wait_s: float = 120.0) -> None:
+                 folder: Path | None = None, outage_wait_s: float = 120.0,
+                 metrics_interval_s: float = 0.0) -> None:
         self.client = client
         self.run_id = run_id
         self.tracking_uri = tracking_uri
         self.resumed = resumed
-        self.spool = Spool(client, run_id, tracking_uri, folder)
+        self.spool = Spool(client, run_id, tracking_uri, folder, metrics_interval_s=metrics_interval_s)
         self.outage_wait_s = outage_wait_s
         run = client.get_run(run_id)
         self.experiment_id = run.info.experiment_id
@@ -145,11 +146,13 @@ class Tracker:
         probe_timeout: float = 3.0,
         folder: Path | None = None,
         outage_wait_s: float = 120.0,
+        metrics_interval_s: float = 0.0,
     ) -> Tracker:
         """Create a run (or reopen ``resume_run_id``) in ``experiment_name``.
 
         ``folder`` (the run folder) holds the calls an outage kept from the server
-        (mlflow_pending.jsonl); ``outage_wait_s`` is how long ``end`` waits for it to return.
+        (mlflow_pending.jsonl); ``outage_wait_s`` is how long ``end`` waits for it to return;
+        metric values are sent at most every ``metrics_interval_s`` seconds (see Spool).
         """
         probe(tracking_uri, timeout=probe_timeout)
         mlflow.set_tracking_uri(tracking_uri)  # for anything that uses the fluent API
@@ -171,7 +174,7 @@ class Tracker:
             client.log_batch(resume_run_id, tags=[RunTag(k, v) for k, v in process_tags().items()])
             log.info("resuming MLflow run %s", run.info.run_id)
             return cls(client, resume_run_id, tracking_uri, resumed=True, folder=folder,
-                       outage_wait_s=outage_wait_s)
+                       outage_wait_s=outage_wait_s, metrics_interval_s=metrics_interval_s)
 
         exp_id = _get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
         all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in tags.items()},
@@ -180,7 +183,7 @@ class Tracker:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
         return cls(client, run.info.run_id, tracking_uri, resumed=False, folder=folder,
-                   outage_wait_s=outage_wait_s)
+                   outage_wait_s=outage_wait_s, metrics_interval_s=metrics_interval_s)
 
     # --- logging -------------------------------------------------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:

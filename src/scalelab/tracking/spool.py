@@ -11,6 +11,13 @@ is still unsent then stays in the file, and ``python -m scalelab.tracking.recove
 
 A call that fails while the server is healthy (a real error: bad value, deleted run) is raised
 as before, and so is any failure of a local store (SQLite/file): there is no outage to wait out.
+
+Metric values are sent at most every ``metrics_interval_s`` seconds: the first values go out at
+once, later ones are held and sent together with the next values logged after the interval, or
+before any other call (params, tags, texts, artifacts, the status) and at ``flush``, so order is
+kept. One ``log_batch`` costs about 11 ms of CPU whatever its size (SQLite, measured), which a
+small model logging every 10 steps paid on ~10 % of its steps. A SIGKILLed run loses at most the
+last interval's values; a resume logs them again from its checkpoint.
 """
 
 from __future__ import annotations
@@ -44,8 +51,12 @@ class Spool:
     """The Tracker's way to MLflow for one run: direct while the server is up, buffered while not."""
 
     def __init__(self, client: MlflowClient, run_id: str, tracking_uri: str,
-                 folder: Path | None = None, retry_s: float = 5.0) -> None:
+                 folder: Path | None = None, retry_s: float = 5.0,
+                 metrics_interval_s: float = 0.0) -> None:
         self.client = client
+        self.metrics_interval_s = float(metrics_interval_s)
+        self.held: list[list[Any]] = []  # metric rows waiting for the interval to pass
+        self._metrics_sent_at: float | None = None
         self.run_id = run_id
         self.tracking_uri = tracking_uri
         self.path = (folder / PENDING_FILE) if folder is not None else None
@@ -62,8 +73,22 @@ class Spool:
               "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics],
               "params": [[p.key, p.value] for p in params],
               "tags": [[t.key, t.value] for t in tags]}
-        if op["metrics"] or op["params"] or op["tags"]:
+        if op["params"] or op["tags"]:
             self.call(op)
+        elif op["metrics"]:
+            with self._lock:
+                self.held.extend(op["metrics"])
+                sent_at = self._metrics_sent_at
+                if sent_at is None or time.monotonic() - sent_at >= self.metrics_interval_s:
+                    self.send_held()
+
+    def send_held(self) -> None:
+        """Send the held metric values now (kept like any call if the server is away)."""
+        with self._lock:
+            self._metrics_sent_at = time.monotonic()
+            if self.held:
+                rows, self.held = self.held, []
+                self._call({"op": "batch", "metrics": rows, "params": [], "tags": []})
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.call({"op": "text", "text": text, "file": artifact_file})
@@ -80,6 +105,11 @@ class Spool:
 
     # --- machinery ---------------------------------------------------------------------------
     def call(self, op: dict[str, Any]) -> None:
+        with self._lock:
+            self.send_held()  # held metric values first: the calls keep their order
+            self._call(op)
+
+    def _call(self, op: dict[str, Any]) -> None:
         with self._lock:
             if not self.offline:
                 try:
@@ -151,6 +181,7 @@ class Spool:
     def flush(self, wait_s: float) -> bool:
         """Replay, waiting up to ``wait_s`` seconds for the server; True when nothing is left."""
         deadline = time.time() + wait_s
+        self.send_held()
         while not self.try_replay(force=True):
             if time.time() >= deadline:
                 return False
