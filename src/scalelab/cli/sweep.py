@@ -235,15 +235,36 @@ def _train_points(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Pat
         plan, tuned = run_tune_stage(plan, spec, settings, base, sweep_dir, parent, scorer,
                                      console.print)
         print_plan(plan, None, console)
-    plan_files = save_plan(plan, sweep_dir, estimates if tuned is None else None)
+        after_tune = _estimates_after_tune(plan, tuned, settings, parent, console)
+        estimates = after_tune if tuned is not None else estimates
+    plan_files = save_plan(plan, sweep_dir, estimates)
     for path in plan_files.values():
         parent.log_artifact(path, "plan")
     runner = SweepRunner(plan, spec, settings, base, sweep_dir, parent, echo=console.print,
                          on_finished=scorer)
-    outcome = runner.run()
+    outcome = runner.run({p.name: s for p, s in zip(plan.points, estimates, strict=True)}
+                         if estimates else None)
     if scorer is not None:
         scorer.score_all(plan.points)
     return plan, outcome, tuned
+
+
+def _estimates_after_tune(plan: Any, tuned: Any, settings: Any, parent: Any,
+                          console: Any) -> list[float] | None:
+    """Each point's seconds from the tune runs' wall times (scaling/wall_time.py), printed
+    and tagged on the parent; None without a tune stage or an estimate."""
+    from scalelab.scaling.wall_time import fit_run_times
+
+    model = fit_run_times(tuned.runs) if tuned is not None and settings.estimate_time else None
+    if model is None:
+        return None
+    secs = [model.seconds(p) for p in plan.points]
+    jobs = _jobs_threads(settings)[0]
+    minutes = sum(secs) / jobs / 60
+    console.print(f"estimated wall time of the {len(secs)} points: {sum(secs) / 60:.1f} min one run "
+                  f"after another; {minutes:.1f} min with {jobs} runs at a time ({model.describe()})")
+    parent.set_tags({"sweep_estimate_after_tune_min": f"{minutes:.1f}"})
+    return secs
 
 
 def _collect(parent: Any, plan: Any, spec: Any, settings: Any, sweep_dir: Path) -> Any:

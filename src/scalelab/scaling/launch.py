@@ -403,7 +403,7 @@ class SweepRunner:
             for p in points:
                 self._launch([p], out, multirun=False)
         else:
-            remaining = list(points)
+            remaining = launch_order(points, self._estimates)
             while remaining:
                 remaining = self._launch(remaining, out, multirun=True)
 
@@ -583,6 +583,13 @@ def _error_line(log_path: Path, point: str) -> str:
             return hit[:300]
     tail = [ln.strip() for ln in lines if ln.strip()]
     return (best(lines) or (tail[-1] if tail else ""))[:300]
+
+
+def launch_order(points: list[PlanPoint], seconds: dict[str, float]) -> list[PlanPoint]:
+    """Longest estimated run first (plan order among equals and without estimates): runs that
+    share the cores then finish together, instead of one long run training alone at the end
+    while the other cores idle (LPT scheduling)."""
+    return sorted(points, key=lambda p: -seconds.get(p.name, 0.0))
 
 
 def save_plan(plan: Plan, sweep_dir: Path, estimates: list[float] | None = None) -> dict[str, Path]:

@@ -40,6 +40,9 @@ RUN_COLUMNS = [
     "loss",
     "loss_se",
     "loss_source",
+    "steps",  # with wall_s and flops: what scaling/wall_time.py fits the points' estimate to
+    "flops",
+    "wall_s",
 ]
 
 

@@ -1,0 +1,56 @@
+"""The points' wall-time estimate fitted to the tune runs' wall times (scaling/wall_time.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scalelab.scaling.wall_time import fit_run_times
+
+
+def _runs(n: int, per_run: float, per_step: float, per_flop: float, noise: float = 0.0) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    steps = rng.integers(50, 5000, n).astype(float)
+    flops = steps * rng.uniform(1e6, 5e7, n)  # sizes differ: FLOPs per step are not one constant
+    wall = per_run + per_step * steps + per_flop * flops
+    return pd.DataFrame({"steps": steps, "flops": flops,
+                         "wall_s": wall * (1 + noise * rng.standard_normal(n)), "loss": 3.0})
+
+
+def test_the_three_costs_are_recovered_and_applied_to_a_point() -> None:
+    model = fit_run_times(_runs(30, per_run=3.0, per_step=0.012, per_flop=2e-10))
+    assert model is not None and model.n_runs == 30
+    assert model.per_run_s == pytest.approx(3.0, rel=1e-6)
+    assert model.per_step_s == pytest.approx(0.012, rel=1e-6)
+    assert model.per_flop_s == pytest.approx(2e-10, rel=1e-6)
+    point = SimpleNamespace(steps=1000, start_step=0, cost=4e10)
+    assert model.seconds(point) == pytest.approx(3.0 + 12.0 + 8.0)
+    branch = SimpleNamespace(steps=1000, start_step=600, cost=1.6e10)  # a WSD branch: 400 steps
+    assert model.seconds(branch) == pytest.approx(3.0 + 4.8 + 3.2)
+    assert "30 tune runs" in model.describe() and "12.00 ms per step" in model.describe()
+
+
+def test_noisy_runs_give_a_close_non_negative_model() -> None:
+    model = fit_run_times(_runs(40, per_run=2.0, per_step=0.02, per_flop=1e-10, noise=0.05))
+    assert model is not None
+    assert min(model.per_run_s, model.per_step_s, model.per_flop_s) >= 0.0
+    assert model.per_step_s == pytest.approx(0.02, rel=0.2)
+
+
+def test_too_few_or_unusable_runs_give_no_model() -> None:
+    assert fit_run_times(_runs(3, 1.0, 0.01, 1e-10)) is None
+    assert fit_run_times(_runs(10, 1.0, 0.01, 1e-10).drop(columns="wall_s")) is None
+    unfinished = _runs(10, 1.0, 0.01, 1e-10).assign(wall_s=np.nan)
+    assert fit_run_times(unfinished) is None
+
+
+def test_points_launch_longest_first_and_keep_plan_order_without_estimates() -> None:
+    from scalelab.scaling.launch import launch_order
+
+    points = [SimpleNamespace(name=n) for n in ("a", "b", "c", "d")]
+    order = launch_order(points, {"a": 5.0, "b": 90.0, "c": 5.0, "d": 30.0})  # type: ignore[arg-type]
+    assert [p.name for p in order] == ["b", "d", "a", "c"]
+    assert [p.name for p in launch_order(points, {})] == ["a", "b", "c", "d"]  # type: ignore[arg-type]
