@@ -12,7 +12,7 @@ Three sides, interleaved (A B C A B C ...), medians and ratios:
 Plus ``threads`` (the automatic thread rule vs hand-picked settings, idle and loaded) and
 ``memory`` (activation checkpointing: activation memory saved, loss/grad parity).
 
-    python -m benchmarks train                   # quick (< 3 min): 2 presets, 2 rounds
+    python -m benchmarks train                   # quick (< 3 min): 2 presets, 1 round
     python -m benchmarks train --full            # every preset, 3 rounds, + threads
     python -m benchmarks train --json out.json   # also write the results
     python -m benchmarks train --compare old.json new.json
@@ -68,9 +68,10 @@ GPU_PRESETS: dict[str, list[str]] = {
                    "model.n_kv_heads=4", "model.max_seq_len=1024", *GPU_COMMON],
 }
 MODES = {  # presets, rounds, plain-loop steps per round, platform steps per run
-    # quick: platform runs stay at 120 steps (shakespeare_char warms up for 100; one mid-run
-    # validation at 60 is timed), plain loops at 20 interleaved steps per round
-    "quick": (["shakespeare_char", "pystdlib_small"], 2, 20, 120),
+    # quick: one round per preset (a platform run costs ~20 s of start-up and exit on top of its
+    # steps: two rounds took 237 s); 100 platform steps with one mid-run validation at 50
+    # timed, 30 interleaved plain-loop steps
+    "quick": (["shakespeare_char", "pystdlib_small"], 1, 30, 100),
     "full": (list(PRESETS), 3, 60, 300),
     "gpu": (list(GPU_PRESETS), 2, 30, 200),
 }

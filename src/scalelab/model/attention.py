@@ -77,12 +77,20 @@ class _Attention(nn.Module):
 class SelfAttention(_Attention):
     """Causal (decoder) or bidirectional (encoder); which one is decided by ctx's mask."""
 
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.fuse_qkv = cfg.position != "rope"
+
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # One GEMM for q, k and v (as a hand-written GPT's fused c_attn) while the parameters
         # stay three Linears: checkpoints, HF export, µP groups and the counts are unchanged.
-        # Concatenating the weights costs one (d + 2 kv) x d copy per forward; the two GEMMs
-        # and the dispatches it saves cost more at every size the bench measures.
+        # It costs one (d + 2 kv) x d weight copy per forward and leaves q/k/v as strided views:
+        # measured 1.01-1.04x faster for GPT shapes, 0.97-0.99x with RoPE + GQA (Llama shape),
+        # where rotating the strided views costs more than the two GEMMs saved
+        # (docs/performance.md; python -m benchmarks.fusion_ab).
         q, k, v = self.q_proj, self.k_proj, self.v_proj
+        if not self.fuse_qkv:
+            return q(x), k(x), v(x)
         weight = torch.cat([q.weight, k.weight, v.weight])
         bias = None if q.bias is None else torch.cat([q.bias, k.bias, v.bias])
         kv = self.n_kv_heads * self.head_dim

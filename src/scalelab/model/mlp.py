@@ -50,13 +50,7 @@ class GatedMLP(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # gate and up in one GEMM (as Llama-style hand-written code fuses them); the two
-        # Linears stay, so checkpoints, HF export and the counts keep their layout
-        gate, up = self.gate, self.up
-        weight = torch.cat([gate.weight, up.weight])
-        bias = None if gate.bias is None else torch.cat([gate.bias, up.bias])
-        g, u = F.linear(x, weight, bias).chunk(2, dim=-1)
-        return self.down(self.act(g) * u)
+        return self.down(self.act(self.gate(x)) * self.up(x))
 
 
 class GeluMLP(TwoLayerMLP):
