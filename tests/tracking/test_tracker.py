@@ -100,6 +100,7 @@ def test_metric_values_are_sent_at_most_every_interval_in_order_and_never_lost(t
 
     held = Tracker.start(uri, "unit", "held", {}, artifact_root=str(tmp_path / "a"),
                          metrics_interval_s=3600.0)
+    held.log_params({"lr": 0.1})  # calls before the first metric values do not start the interval
     logger = held.lightning_logger()
     logger.log_metrics({"train/loss": 3.0}, step=1)
     assert steps(held) == [1]  # the first values go out at once: the UI shows the run has started

@@ -85,9 +85,9 @@ class Spool:
     def send_held(self) -> None:
         """Send the held metric values now (kept like any call if the server is away)."""
         with self._lock:
-            self._metrics_sent_at = time.monotonic()
-            if self.held:
+            if self.held:  # the interval counts from the last metric values sent, not other calls
                 rows, self.held = self.held, []
+                self._metrics_sent_at = time.monotonic()
                 self._call({"op": "batch", "metrics": rows, "params": [], "tags": []})
 
     def log_text(self, text: str, artifact_file: str) -> None:
