@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", default="full", choices=["full", "coarse"],
                    help="Approach 3 start grid: full = Hoffmann's 4500 points")
     p.add_argument("--reference-compute", type=float, help="C for tokens/param and variant ratios (default: max budget)")
+    p.add_argument("--weights", default="noise", choices=["noise", "none"],
+                   help="weight points by their measured noise (seed spread, held-out error) or not")
     p.add_argument("--no-extrapolate", action="store_true", help="skip the hold-out-largest-budget check")
     p.add_argument("--no-report", action="store_true", help="print the fit only; write no files")
     return p
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         approaches = tuple(int(a) for a in args.approaches.split(",") if a.strip())
         opts = FitOptions(n_convention=args.n_convention, flops_convention=args.flops_convention,
                           approaches=approaches, n_boot=args.n_boot, seed=args.seed, grid=args.grid,
-                          reference_compute=args.reference_compute, extrapolate=not args.no_extrapolate)
+                          reference_compute=args.reference_compute, extrapolate=not args.no_extrapolate,
+                          weights=args.weights)
         runs, curves, source = _load(args)
         # fit what the data allow; an approach that cannot be fitted is named with the reason
         results, notes = fit_available(runs, curves, opts, source=source)

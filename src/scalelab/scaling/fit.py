@@ -123,8 +123,27 @@ def point_means(runs: pd.DataFrame) -> pd.DataFrame:
                 D=("D", "mean"), C=("C", "mean"), loss=("loss", "mean"), budget=("budget", "first"),
                 fpt=("fpt", "first"), loss_sd=("loss", "std"), n_rep=("loss", "size"),
                 loss_se=("loss_se", "mean")).reset_index()
+    # The standard error of each point's mean: its seeds' spread over sqrt(n) and the held-out
+    # set's own error. Measured only where every point has >= 2 seeds; otherwise nan (unweighted).
+    if int(out["n_rep"].min()) >= 2:
+        se = out["loss_se"].fillna(0.0)
+        out["loss_sigma"] = np.sqrt(out["loss_sd"] ** 2 / out["n_rep"] + se**2)
+    else:
+        out["loss_sigma"] = np.nan
     return out[["run_id", "variant", "N", "D", "C", "loss", "budget", "fpt", "group_id", "loss_sd",
-                "n_rep", "loss_se"]]
+                "n_rep", "loss_se", "loss_sigma"]]
+
+
+def noise_weights(points: pd.DataFrame) -> np.ndarray | None:
+    """Weights of the log-loss residuals of Approach 3: the inverse of each point's relative
+    standard error, scaled to median 1 so that the Huber delta keeps its meaning (a residual
+    of a median-noise point counts as before). None when the noise was not measured."""
+    if "loss_sigma" not in points:
+        return None
+    rel = (points["loss_sigma"] / points["loss"]).to_numpy(dtype=float)
+    if len(rel) == 0 or not np.all(np.isfinite(rel) & (rel > 0)):
+        return None
+    return np.median(rel) / rel
 
 
 def endpoint_curves(points: pd.DataFrame) -> pd.DataFrame:
@@ -166,8 +185,9 @@ def _fit3(runs: pd.DataFrame, opts: FitOptions, **kw) -> ParametricFit:
             f"Approach 3 needs >= {opts.min_points_parametric} runs (5 free parameters), got {len(runs)}"
         )
     kw.setdefault("grid", opts.grid)
+    weights = noise_weights(runs) if opts.weights == "noise" else None
     return fit_parametric(runs["N"], runs["D"], runs["loss"], delta=opts.huber_delta, reduction=opts.reduction,
-                          tol=opts.tol, init=opts.init, method=opts.method, **kw)
+                          tol=opts.tol, init=opts.init, method=opts.method, weights=weights, **kw)
 
 
 def _bootstrap(vf: VariantFit, opts: FitOptions, c_ref: float, rng: np.random.Generator) -> pd.DataFrame:
@@ -190,7 +210,7 @@ def _bootstrap(vf: VariantFit, opts: FitOptions, c_ref: float, rng: np.random.Ge
                     f1 = fit_envelope(endpoint_curves(sample))
             with contextlib.suppress(FitInputError):
                 if vf.approach2 is not None:
-                    f2 = fit_isoflop(sample, opts.min_sizes_per_budget)
+                    f2 = fit_isoflop(sample, opts.min_sizes_per_budget, opts.weights == "noise")
             if vf.approach3 is not None:
                 f3 = _fit3(sample, opts, starts=starts, polish=1)
             rows.append(_quantities(f1, f2, f3, c_ref, vf.flops_per_token))
@@ -231,7 +251,7 @@ def _extrapolate(vf: VariantFit, opts: FitOptions) -> ExtrapolationCheck | None:
     n_pred = float("nan")
     if vf.approach2 is not None:
         with contextlib.suppress(FitInputError):
-            n_pred = float(fit_isoflop(train, opts.min_sizes_per_budget).n_opt(held))
+            n_pred = float(fit_isoflop(train, opts.min_sizes_per_budget, opts.weights == "noise").n_opt(held))
     return ExtrapolationCheck(held_out_budget=held, n_train_points=len(train), predicted_loss=predicted,
                               actual_loss=actual, actual_source=source, rel_error=(predicted - actual) / actual,
                               predicted_n_opt=n_pred, actual_n_opt=n_actual)
@@ -260,7 +280,7 @@ def fit_variant(runs: pd.DataFrame, curves: pd.DataFrame | None, opts: FitOption
                              "have runs at >= 2 token counts; use sweep.wsd=true or sweep.mode="
                              "grid for real end points)")
     if 2 in opts.approaches:
-        vf.approach2 = fit_isoflop(runs, opts.min_sizes_per_budget)
+        vf.approach2 = fit_isoflop(runs, opts.min_sizes_per_budget, opts.weights == "noise")
         vf.used[2] = (f"final losses of {len(runs)} points on {runs['budget'].nunique()} IsoFLOP "
                       "budgets" + (", each the mean of its seeds" if vf.boot_mode == "replicates"
                                    else ""))

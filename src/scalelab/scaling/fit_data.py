@@ -42,6 +42,9 @@ class FitOptions:
     reference_compute: C at which tokens/param and variant loss ratios are reported
         (default: the largest budget in the data).
     extrapolate: hold out the largest budget, refit, and predict its optimal loss.
+    weights: "noise" (default): where every point has >= 2 seeds, Approach 2's parabolas and
+        Approach 3's residuals weight each point by its measured standard error (seed spread
+        and held-out error), so a noisy point pulls the fit less; "none": unweighted.
     """
 
     n_convention: str = "matmul"
@@ -61,6 +64,7 @@ class FitOptions:
     ci: float = 0.95
     min_sizes_per_budget: int = 3
     min_points_parametric: int = 5
+    weights: str = "noise"
 
     def __post_init__(self) -> None:
         if self.n_convention not in N_COLUMNS:
@@ -78,6 +82,8 @@ class FitOptions:
             raise ValueError(f"grid={self.grid!r} is not one of 'full', 'coarse', 'small'")
         if not 0 < self.ci < 1:
             raise ValueError(f"ci={self.ci} must be in (0, 1)")
+        if self.weights not in ("noise", "none"):
+            raise ValueError(f"weights={self.weights!r} is not one of 'noise', 'none'")
 
 
 def _where(source: str | None) -> str:

@@ -27,11 +27,13 @@ class PowerLaw:
         return self.coefficient * np.asarray(c, float) ** self.exponent
 
     @classmethod
-    def fit(cls, c, y) -> PowerLaw:
+    def fit(cls, c, y, log_sd=None) -> PowerLaw:
+        """``log_sd``: standard errors of log y; given, each point weighs 1 / log_sd."""
         c, y = np.asarray(c, float), np.asarray(y, float)
         if len(c) < 2 or np.ptp(np.log(c)) == 0:
             raise FitInputError(f"a power-law fit needs >= 2 distinct C values, got {len(np.unique(c))}")
-        slope, icpt = np.polyfit(np.log(c), np.log(y), 1)
+        w = None if log_sd is None else 1.0 / np.asarray(log_sd, float)
+        slope, icpt = np.polyfit(np.log(c), np.log(y), 1, w=w)
         return cls(exponent=float(slope), coefficient=float(np.exp(icpt)))
 
 
@@ -117,25 +119,43 @@ class IsoFlopFit(_OptimumExponents):
         return self.budgets[~self.budgets["flagged"]]
 
 
-def fit_budget_parabola(n, loss) -> tuple[np.ndarray, float, str]:
-    """Fit loss = c2 (log N)^2 + c1 log N + c0; returns (coef, x_vertex, flag reason or "")."""
+def fit_budget_parabola(n, loss, sigma=None) -> tuple[np.ndarray, float, str]:
+    """Fit loss = c2 (log N)^2 + c1 log N + c0 (weighted least squares with 1/sigma when each
+    loss's standard error is given); returns (coef, x_vertex, flag reason or "")."""
+    coef, xv, reason, _ = _parabola(n, loss, sigma)
+    return coef, xv, reason
+
+
+def _parabola(n, loss, sigma) -> tuple[np.ndarray, float, str, float]:
+    """fit_budget_parabola plus the vertex's standard error (from the measured sigmas by the
+    delta method; nan without them)."""
     x = np.log(np.asarray(n, float))
     y = np.asarray(loss, float)
-    coef = np.polyfit(x, y, 2)
+    xv_sd = float("nan")
+    if sigma is None:
+        coef = np.polyfit(x, y, 2)
+    else:
+        coef, cov = np.polyfit(x, y, 2, w=1.0 / np.asarray(sigma, float), cov="unscaled")
+        grad = np.array([coef[1] / (2 * coef[0] ** 2), -1 / (2 * coef[0]), 0.0])  # d vertex / d coef
+        xv_sd = float(np.sqrt(max(grad @ cov @ grad, 0.0)))
     c2, c1, _ = coef
     if c2 <= 0:
-        return coef, float("nan"), "parabola opens downward (no interior minimum)"
+        return coef, float("nan"), "parabola opens downward (no interior minimum)", xv_sd
     xv = -c1 / (2 * c2)
     k = int(np.argmin(y))
     if k in (int(np.argmin(x)), int(np.argmax(x))):
-        return coef, xv, "lowest loss at the edge of the sampled sizes"
+        return coef, xv, "lowest loss at the edge of the sampled sizes", xv_sd
     if not x.min() <= xv <= x.max():
-        return coef, xv, "parabola minimum outside the sampled sizes"
-    return coef, xv, ""
+        return coef, xv, "parabola minimum outside the sampled sizes", xv_sd
+    return coef, xv, "", xv_sd
 
 
-def fit_isoflop(runs: pd.DataFrame, min_sizes: int = 3) -> IsoFlopFit:
+def fit_isoflop(runs: pd.DataFrame, min_sizes: int = 3, weighted: bool = False) -> IsoFlopFit:
     """Approach 2 on a canonical runs table (N, D, C, loss, budget, fpt).
+
+    ``weighted``: each parabola weights its points by 1 / ``loss_sigma`` (their measured
+    standard errors), where every point has one, and the power laws weight each budget's
+    vertex by the inverse of its standard error (so a noisy small budget pulls a less).
 
     D_opt at each budget comes from the runs' own FLOPs per token (log-log interpolated in
     N), i.e. C / (6 N_opt) when C = 6ND and C / fpt(N_opt) when attention FLOPs count.
@@ -146,13 +166,17 @@ def fit_isoflop(runs: pd.DataFrame, min_sizes: int = 3) -> IsoFlopFit:
         g = g.sort_values("N")
         sizes = g["N"].nunique()
         row = {"budget": float(budget), "n_sizes": int(sizes), "c2": np.nan, "c1": np.nan, "c0": np.nan,
-               "N_opt": np.nan, "D_opt": np.nan, "loss_opt": np.nan, "flagged": True, "reason": ""}
+               "N_opt": np.nan, "D_opt": np.nan, "loss_opt": np.nan, "log_n_sd": np.nan, "flagged": True,
+               "reason": ""}
         if sizes < min_sizes:
             row["reason"] = f"only {sizes} distinct sizes (need >= {min_sizes})"
             rows.append(row)
             continue
-        coef, xv, reason = fit_budget_parabola(g["N"], g["loss"])
-        row.update(c2=coef[0], c1=coef[1], c0=coef[2], flagged=bool(reason), reason=reason)
+        sigma = g["loss_sigma"].to_numpy(float) if weighted and "loss_sigma" in g else None
+        if sigma is not None and not np.all(np.isfinite(sigma) & (sigma > 0)):
+            sigma = None
+        coef, xv, reason, xv_sd = _parabola(g["N"], g["loss"], sigma)
+        row.update(c2=coef[0], c1=coef[1], c0=coef[2], log_n_sd=xv_sd, flagged=bool(reason), reason=reason)
         if np.isfinite(xv):
             n_opt = float(np.exp(xv))
             log_fpt = np.interp(xv, np.log(g["N"]), np.log(g["fpt"]))
@@ -170,5 +194,8 @@ def fit_isoflop(runs: pd.DataFrame, min_sizes: int = 3) -> IsoFlopFit:
             f"Approach 2 needs >= 2 usable IsoFLOP budgets with >= {min_sizes} sizes each and an "
             f"interior minimum; got {len(ok)} of {len(table)}. {detail}"
         )
-    return IsoFlopFit(budgets=table, n_opt=PowerLaw.fit(ok["budget"], ok["N_opt"]),
-                      d_opt=PowerLaw.fit(ok["budget"], ok["D_opt"]))
+    sd = ok["log_n_sd"].to_numpy(float)
+    # D_opt = C / fpt(N_opt): its log error is p times that of N_opt, so the same relative weights
+    sd = sd if np.all(np.isfinite(sd) & (sd > 0)) else None
+    return IsoFlopFit(budgets=table, n_opt=PowerLaw.fit(ok["budget"], ok["N_opt"], sd),
+                      d_opt=PowerLaw.fit(ok["budget"], ok["D_opt"], sd))

@@ -6,6 +6,7 @@ parametrise with a = log A, b = log B, e = log E, so that
     log L_hat = LSE(a - alpha * log N, b - beta * log D, e)
 
 and minimise the Huber loss (delta = 1e-3) of ``log L_hat - log L`` **summed** over points
+(optionally each residual times a weight w_i: the points' measured noise, see fit.noise_weights)
 with L-BFGS-B under tight tolerances, started from every point of the initialisation grid
 alpha, beta in {0, 0.5, ..., 2}, e in {-1, -0.5, ..., 1}, a, b in {0, 5, ..., 25}
 (5 * 5 * 5 * 6 * 6 = 4500 starts). The best end point wins.
@@ -86,17 +87,18 @@ def objective_batch(
     log_l: np.ndarray,
     delta: float = 1e-3,
     reduction: str = "sum",
+    weights: np.ndarray | float = 1.0,
 ) -> np.ndarray:
     """Objective for many parameter vectors at once (used to rank grid points)."""
     t = _lse_terms(np.atleast_2d(thetas), log_n, log_d)
     m = t.max(axis=-1)
     pred = m + np.log(np.exp(t - m[..., None]).sum(axis=-1))
-    h = huber(pred - log_l, delta)
+    h = huber(weights * (pred - log_l), delta)
     return h.mean(axis=-1) if reduction == "mean" else h.sum(axis=-1)
 
 
-def _make_fun(log_n, log_d, log_l, delta, reduction):
-    """Objective + analytic gradient for scipy (jac=True)."""
+def _make_fun(log_n, log_d, log_l, delta, reduction, w=1.0):
+    """Objective + analytic gradient for scipy (jac=True); ``w``: residual weights."""
     n = float(len(log_l))
     scale = 1.0 / n if reduction == "mean" else 1.0
 
@@ -107,12 +109,12 @@ def _make_fun(log_n, log_d, log_l, delta, reduction):
         m = np.maximum(np.maximum(t0, t1), e)
         w0, w1, w2 = np.exp(t0 - m), np.exp(t1 - m), np.exp(e - m)
         s = w0 + w1 + w2
-        r = m + np.log(s) - log_l
+        r = w * (m + np.log(s) - log_l)
         ar = np.abs(r)
         inside = ar <= delta
         f = np.where(inside, 0.5 * r * r, delta * (ar - 0.5 * delta)).sum() * scale
         # d huber / d r, times the softmax weights of each LSE term (chain rule).
-        g = np.where(inside, r, delta * np.sign(r)) * scale / s
+        g = np.where(inside, r, delta * np.sign(r)) * w * scale / s
         g0, g1 = g * w0, g * w1
         grad = np.array([g0.sum(), g1.sum(), (g * w2).sum(), -(g0 @ log_n), -(g1 @ log_d)])
         return float(f), grad
@@ -255,12 +257,13 @@ def optimal_allocation(fit: ParametricFit, c: float, fpt: FlopsPerToken) -> tupl
     return n, float(c / fpt(n))
 
 
-def _batch_state(theta, log_n, log_d, log_l, delta, scale):
+def _batch_state(theta, log_n, log_d, log_l, delta, scale, w=1.0):
     """Objective, gradient and Hessian for a batch of parameter vectors theta [S, 5].
 
     With p = softmax of the three LSE terms and u_k the gradient of term k w.r.t. theta,
     grad r = sum_k p_k u_k =: g and Hess r = sum_k p_k u_k u_k^T - g g^T, so
     Hess f = sum_i (h''_i - h'_i) g_i g_i^T + h'_i sum_k p_ik u_ik u_ik^T.
+    With residual weights w_i (f = sum_i h(w_i r_i)), h' carries one factor w_i, h'' two.
     """
     a, b, e, alpha, beta = (theta[:, i, None] for i in range(5))
     t0 = a - alpha * log_n
@@ -269,12 +272,12 @@ def _batch_state(theta, log_n, log_d, log_l, delta, scale):
     w0, w1, w2 = np.exp(t0 - m), np.exp(t1 - m), np.exp(e - m)
     s = w0 + w1 + w2
     p0, p1, p2 = w0 / s, w1 / s, w2 / s
-    r = m + np.log(s) - log_l
+    r = w * (m + np.log(s) - log_l)
     ar = np.abs(r)
     inside = ar <= delta
     f = np.where(inside, 0.5 * r * r, delta * (ar - 0.5 * delta)).sum(axis=1) * scale
-    h1 = np.where(inside, r, delta * np.sign(r)) * scale  # h'
-    h2 = inside * scale  # h''
+    h1 = np.where(inside, r, delta * np.sign(r)) * w * scale  # h'
+    h2 = inside * w * w * scale  # h''
     gr = np.stack([p0, p1, p2, -p0 * log_n, -p1 * log_d], axis=-1)  # [S, P, 5]
     grad = (h1[..., None] * gr).sum(axis=1)
     hess = np.matmul(((h2 - h1)[..., None] * gr).transpose(0, 2, 1), gr)
@@ -293,7 +296,7 @@ def _batch_state(theta, log_n, log_d, log_l, delta, scale):
     return f, grad, hess
 
 
-def _batched_descent(starts, log_n, log_d, log_l, delta, scale, max_iter=300):
+def _batched_descent(starts, log_n, log_d, log_l, delta, scale, w=1.0, max_iter=300):
     """Run a damped-Newton (Levenberg-Marquardt) descent from every start at once.
 
     Vectorised over starts so that all 4500 grid points get their own local optimisation in
@@ -301,7 +304,7 @@ def _batched_descent(starts, log_n, log_d, log_l, delta, scale, max_iter=300):
     Returns the end points [S, 5] and their objectives [S].
     """
     x = starts.copy()
-    f, g, h = _batch_state(x, log_n, log_d, log_l, delta, scale)
+    f, g, h = _batch_state(x, log_n, log_d, log_l, delta, scale, w)
     lam = np.full(len(x), 1e-3)
     active = np.ones(len(x), bool)
     eye = np.eye(5)
@@ -323,7 +326,7 @@ def _batched_descent(starts, log_n, log_d, log_l, delta, scale, max_iter=300):
         except np.linalg.LinAlgError:  # pragma: no cover - singular batch; fall back to gradient
             step = -g[idx] / (1.0 + lam[idx, None])
         xn = x[idx] + step
-        fn, gn, hn = _batch_state(xn, log_n, log_d, log_l, delta, scale)
+        fn, gn, hn = _batch_state(xn, log_n, log_d, log_l, delta, scale, w)
         ok = np.isfinite(fn) & (fn <= f[idx])
         acc = idx[ok]
         rel = np.zeros(len(idx))
@@ -342,18 +345,9 @@ def _batched_descent(starts, log_n, log_d, log_l, delta, scale, max_iter=300):
 
 
 def fit_parametric(
-    n,
-    d,
-    loss,
-    *,
-    delta: float = 1e-3,
-    reduction: str = "sum",
-    tol: str = "tight",
-    init: str = "grid",
-    grid: str = "full",
-    starts: np.ndarray | None = None,
-    method: str = "batched",
-    polish: int = 3,
+    n, d, loss, *,
+    delta: float = 1e-3, reduction: str = "sum", tol: str = "tight", init: str = "grid", grid: str = "full",
+    starts: np.ndarray | None = None, method: str = "batched", polish: int = 3, weights=None,
 ) -> ParametricFit:
     """Fit L(N, D) = E + A/N^alpha + B/D^beta (Approach 3).
 
@@ -371,20 +365,23 @@ def fit_parametric(
             (tight tolerances). "scipy": one scipy L-BFGS-B run per start, exactly as
             Hoffmann et al.; faithful but ~100x slower. The traps always use "scipy"
             since they are defined by scipy's stopping rules.
+        weights: optional positive weight per point; each log residual is multiplied by it
+            before the Huber loss (None: all 1, Hoffmann's fit).
     """
     log_n, log_d, log_l = (np.log(np.asarray(x, float)) for x in (n, d, loss))
     _check_fit_options(log_n, log_d, log_l, reduction=reduction, tol=tol, init=init, method=method)
+    w = _residual_weights(weights, len(log_l))
     t0 = time.perf_counter()
     if starts is None:
-        starts = _grid_starts(grid, init, lambda x: objective_batch(x, log_n, log_d, log_l, delta, reduction))
+        starts = _grid_starts(grid, init, lambda x: objective_batch(x, log_n, log_d, log_l, delta, reduction, w))
     starts = np.atleast_2d(np.asarray(starts, float))
-    fun = _make_fun(log_n, log_d, log_l, delta, reduction)
+    fun = _make_fun(log_n, log_d, log_l, delta, reduction, w)
     # Traps are defined by scipy's own stopping rules, so they run per start in scipy.
     trap = tol == "default" or init == "best_grid_point"
     batched = method == "batched" and not trap
     if batched:
         scale = 1.0 / len(log_l) if reduction == "mean" else 1.0
-        ends, fends = _batched_descent(starts, log_n, log_d, log_l, delta, scale)
+        ends, fends = _batched_descent(starts, log_n, log_d, log_l, delta, scale, w)
         polish_starts = _best_distinct(ends, fends, polish)
     else:
         polish_starts = starts
@@ -394,11 +391,10 @@ def fit_parametric(
     with np.errstate(over="ignore"):  # a degenerate fit may send log A to +inf territory
         E, A, B = float(np.exp(e)), float(np.exp(a)), float(np.exp(b))
     return ParametricFit(
-        E=E, A=A, B=B, alpha=float(alpha),
-        beta=float(beta), objective=best_f, n_points=len(log_l), n_starts=len(starts),
+        E=E, A=A, B=B, alpha=float(alpha), beta=float(beta), objective=best_f, n_points=len(log_l), n_starts=len(starts),
         converged_starts=converged, seconds=time.perf_counter() - t0,
         options={"delta": delta, "reduction": reduction, "tol": tol, "init": init, "grid": grid,
-                 "method": method},
+                 "method": method, "weighted": weights is not None},
     )
 
 
@@ -410,6 +406,14 @@ def _check_fit_options(log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray, 
                                ("init", init, ("grid", "best_grid_point")), ("method", method, ("batched", "scipy"))):
         if val not in allowed:
             raise ValueError(f"{name}={val!r} is not one of {allowed}")
+
+
+def _residual_weights(weights: Any, n: int) -> np.ndarray:
+    """The per-point residual weights (all 1 when None), checked."""
+    w = np.ones(n) if weights is None else np.asarray(weights, float)
+    if w.shape != (n,) or not np.all(np.isfinite(w) & (w > 0)):
+        raise ValueError("weights must be one positive finite number per point")
+    return w
 
 
 def _grid_starts(grid: str, init: str, objective: Any) -> np.ndarray:

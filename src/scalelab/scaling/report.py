@@ -243,7 +243,22 @@ def _noise_md(vf: VariantFit, results: ScalingResults) -> list[str]:
         out.append("- One seed per point: the bootstrap resamples points within each budget "
                    "(Approach 2) or over all points (Approach 3). Use sweep.seeds=K to measure "
                    "the seed noise instead.")
+    out.append(_weights_line(vf, results))
     return [*out, ""]
+
+
+def _weights_line(vf: VariantFit, results: ScalingResults) -> str:
+    """How the measured noise entered the fits (FitOptions.weights)."""
+    measured = "loss_sigma" in vf.runs and bool(vf.runs["loss_sigma"].notna().all())
+    if results.options.weights == "noise" and measured:
+        return ("- Weights: each point's standard error sigma = sqrt(seed sd^2 / n + held-out "
+                "se^2). Approach 2's parabolas are weighted least squares (1/sigma) and its power "
+                "laws weight each budget's vertex by the inverse of its standard error (delta "
+                "method); Approach 3 multiplies each log residual by median(sigma/L) / (sigma/L). "
+                "A noisy point pulls the fits less. The intervals cover this measured noise, not "
+                "the choice of functional forms. Unweighted: `scalelab-fit --weights none`.")
+    why = "weights=none" if results.options.weights == "none" else "the noise was not measured (one seed)"
+    return f"- Unweighted fits ({why}): every point counts the same."
 
 
 def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) -> list[str]:
