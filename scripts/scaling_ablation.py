@@ -7,7 +7,8 @@ factor taken away at a time and print the 95 % CI half-widths the issue's target
 Rows: the full study; fewer seeds (when the sweep has replicates); the same sweep without its
 tune stage (tuning cannot be taken away from finished runs, so --untuned reads a sweep run with
 sweep.tune_lr_factors=[] sweep.tune_batch_factors=[] sweep.tune_beta2s=[]); the in-training
-validation loss instead of the fixed held-out set (eval size); every other budget (budgets).
+validation loss instead of the fixed held-out set (eval size); every other budget (budgets);
+the same runs fitted without the noise weights (weights). With one seed nothing is weighted.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from scalelab.scaling.fit import fit_available
 from scalelab.scaling.fit_data import FitOptions
 
 
-def summary(runs: pd.DataFrame, n_boot: int) -> dict[str, str]:
-    res, _ = fit_available(runs, None, FitOptions(n_boot=n_boot, approaches=[2, 3]))
+def summary(runs: pd.DataFrame, n_boot: int, weights: str = "noise") -> dict[str, str]:
+    res, _ = fit_available(runs, None, FitOptions(n_boot=n_boot, approaches=[2, 3], weights=weights))
     if res is None:
         return {"a (A2)": "no fit"}
     vf = next(iter(res.variants.values()))
@@ -30,11 +31,15 @@ def summary(runs: pd.DataFrame, n_boot: int) -> dict[str, str]:
     for label, key in (("a (A2)", "approach2.a"), ("a (A3)", "approach3.a"),
                        ("alpha (A3)", "approach3.alpha"), ("beta (A3)", "approach3.beta")):
         e = vf.estimates.get(key)
-        out[label] = "—" if e is None else f"{e.value:.3f} ±{(e.hi - e.lo) / 2:.3f}"
+        out[label] = "—" if e is None else f"{e.value:.3f}" + (
+            "" if np.isnan(e.lo) else f" ±{(e.hi - e.lo) / 2:.3f}")
     ex = vf.extrapolation
     out["hold-out error"] = "—" if ex is None else f"{ex.rel_error:+.2%}"
     out["points"] = str(len(vf.runs))
     return out
+
+
+UNWEIGHTED = "weights: none (every point counts the same)"
 
 
 def cases_of(runs: pd.DataFrame, untuned: pd.DataFrame | None) -> dict[str, pd.DataFrame]:
@@ -46,7 +51,7 @@ def cases_of(runs: pd.DataFrame, untuned: pd.DataFrame | None) -> dict[str, pd.D
         full = runs.groupby("budget")["group_id"].agg(lambda g: g.value_counts().min() == k
                                                       and g.nunique() * k == len(g))
         runs = runs[runs["budget"].isin(full[full].index)]
-        cases = {f"full study ({k} seeds)": runs}
+        cases = {f"full study ({k} seeds)": runs, UNWEIGHTED: runs}
         for j in range(1, k):
             cases[f"seeds: {j} instead of {k}"] = runs[runs["replicate"] < j]
     if untuned is not None:
@@ -73,12 +78,13 @@ def main() -> None:
     args = ap.parse_args()
     untuned = _main_runs(args.untuned) if args.untuned else None
     cases = cases_of(_main_runs(args.runs_csv), untuned)
-    rows = [{"case": name, **summary(df, args.n_boot)} for name, df in cases.items()]
-    table = pd.DataFrame(rows)
-    try:
-        print(table.to_markdown(index=False))
-    except ImportError:  # to_markdown needs the optional tabulate package
-        print(table.to_string(index=False))
+    rows = [{"case": name, **summary(df, args.n_boot, "none" if name == UNWEIGHTED else "noise")}
+            for name, df in cases.items()]
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r.get(c, "—")) for c in cols) + " |")
 
 
 if __name__ == "__main__":

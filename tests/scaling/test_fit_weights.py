@@ -14,10 +14,11 @@ from scalelab.scaling.fit_parametric import _make_fun, fit_parametric, theta_of
 from scalelab.scaling.fit_synthetic import CHINCHILLA, isoflop_runs, law_loss
 
 
-def _noisy_replicates(seed: int, k: int = 3, quiet: float = 0.002, loud: float = 0.04) -> pd.DataFrame:
+def _noisy_replicates(seed: int, k: int = 3, quiet: float = 0.002, loud: float = 0.04,
+                      budgets=(1e17, 1e18, 1e19, 1e20, 1e21)) -> pd.DataFrame:
     """k seeds of an IsoFLOP grid whose largest-N third (few tokens: the runs that are
     noisy in a real small study) scatters 20x more than the rest."""
-    runs = isoflop_runs(sizes_per_budget=9, noise=0.0)
+    runs = isoflop_runs(budgets=budgets, sizes_per_budget=9, noise=0.0)
     rng = np.random.default_rng(seed)
     loud_point = runs.groupby("budget")["N"].rank() > 6
     sd = np.where(loud_point, loud, quiet)
@@ -124,3 +125,22 @@ def true_a() -> float:
 def test_unknown_weighting_is_refused():
     with pytest.raises(ValueError, match="weights"):
         FitOptions(weights="inverse")
+
+
+def test_ablation_script_adds_an_unweighted_row(tmp_path):
+    """scripts/scaling_ablation.py on a 3-seed study: the unweighted row is a different fit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    runs = _noisy_replicates(0, budgets=(1e18, 1e19, 1e20))
+    runs["replicate"] = runs["run_id"].str[-1].astype(int)
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "scaling_ablation.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "runs.csv"), "--n-boot", "0"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert "weights: none (every point counts the same)" in rows and "full study (3 seeds)" in rows
+    assert "seeds: 1 instead of 3" in rows
+    assert rows["weights: none (every point counts the same)"].split("|")[2:] != \
+        rows["full study (3 seeds)"].split("|")[2:]
