@@ -204,6 +204,8 @@ def create_store(workdir: Path) -> None:
 def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads: int,
                  gpu: bool = False) -> dict[str, Any]:
     """One ``scalelab-train`` subprocess; ``steps`` None keeps the experiment's run length."""
+    if not (workdir / "mlruns.db").exists():  # before the clock starts
+        create_store(workdir)
     out = workdir / f"run_{time.time_ns()}"
     phases = workdir / f"phases_{time.time_ns()}.json"
     args = [sys.executable, "-m", "scalelab.cli.train", *overrides,
@@ -579,7 +581,6 @@ def main(argv: list[str] | None = None) -> int:
         return extra_modes(args, presets, rounds, loop_steps, plan.threads, extra, load, t0)
     with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
         if not args.no_train:
-            create_store(Path(tmp))
             for name in presets:
                 results.append(bench_preset(name, table_of[name], rounds, loop_steps,
                                             platform_steps, Path(tmp), plan.threads, args.gpu,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .fit_data import FitInputError, FitOptions, prepare_curves, prepare_runs
+from .fit_data import FitInputError, FitOptions, measured_sigma, prepare_curves, prepare_runs
 from .fit_isoflop import EnvelopeFit, IsoFlopFit, fit_envelope, fit_isoflop
 from .fit_parametric import FlopsPerToken, ParametricFit, fit_parametric, init_grid, theta_of
 
@@ -138,11 +138,10 @@ def noise_weights(points: pd.DataFrame) -> np.ndarray | None:
     """Weights of the log-loss residuals of Approach 3: the inverse of each point's relative
     standard error, scaled to median 1 so that the Huber delta keeps its meaning (a residual
     of a median-noise point counts as before). None when the noise was not measured."""
-    if "loss_sigma" not in points:
+    sigma = measured_sigma(points)
+    if sigma is None:
         return None
-    rel = (points["loss_sigma"] / points["loss"]).to_numpy(dtype=float)
-    if len(rel) == 0 or not np.all(np.isfinite(rel) & (rel > 0)):
-        return None
+    rel = sigma / points["loss"].to_numpy(dtype=float)
     return np.median(rel) / rel
 
 
@@ -185,7 +184,7 @@ def _fit3(runs: pd.DataFrame, opts: FitOptions, **kw) -> ParametricFit:
             f"Approach 3 needs >= {opts.min_points_parametric} runs (5 free parameters), got {len(runs)}"
         )
     kw.setdefault("grid", opts.grid)
-    weights = noise_weights(runs) if opts.weights == "noise" else None
+    weights = noise_weights(runs) if opts.noise_weighted else None
     return fit_parametric(runs["N"], runs["D"], runs["loss"], delta=opts.huber_delta, reduction=opts.reduction,
                           tol=opts.tol, init=opts.init, method=opts.method, weights=weights, **kw)
 
@@ -210,7 +209,7 @@ def _bootstrap(vf: VariantFit, opts: FitOptions, c_ref: float, rng: np.random.Ge
                     f1 = fit_envelope(endpoint_curves(sample))
             with contextlib.suppress(FitInputError):
                 if vf.approach2 is not None:
-                    f2 = fit_isoflop(sample, opts.min_sizes_per_budget, opts.weights == "noise")
+                    f2 = fit_isoflop(sample, opts.min_sizes_per_budget, opts.noise_weighted)
             if vf.approach3 is not None:
                 f3 = _fit3(sample, opts, starts=starts, polish=1)
             rows.append(_quantities(f1, f2, f3, c_ref, vf.flops_per_token))
@@ -251,7 +250,7 @@ def _extrapolate(vf: VariantFit, opts: FitOptions) -> ExtrapolationCheck | None:
     n_pred = float("nan")
     if vf.approach2 is not None:
         with contextlib.suppress(FitInputError):
-            n_pred = float(fit_isoflop(train, opts.min_sizes_per_budget, opts.weights == "noise").n_opt(held))
+            n_pred = float(fit_isoflop(train, opts.min_sizes_per_budget, opts.noise_weighted).n_opt(held))
     return ExtrapolationCheck(held_out_budget=held, n_train_points=len(train), predicted_loss=predicted,
                               actual_loss=actual, actual_source=source, rel_error=(predicted - actual) / actual,
                               predicted_n_opt=n_pred, actual_n_opt=n_actual)
@@ -280,7 +279,7 @@ def fit_variant(runs: pd.DataFrame, curves: pd.DataFrame | None, opts: FitOption
                              "have runs at >= 2 token counts; use sweep.wsd=true or sweep.mode="
                              "grid for real end points)")
     if 2 in opts.approaches:
-        vf.approach2 = fit_isoflop(runs, opts.min_sizes_per_budget, opts.weights == "noise")
+        vf.approach2 = fit_isoflop(runs, opts.min_sizes_per_budget, opts.noise_weighted)
         vf.used[2] = (f"final losses of {len(runs)} points on {runs['budget'].nunique()} IsoFLOP "
                       "budgets" + (", each the mean of its seeds" if vf.boot_mode == "replicates"
                                    else ""))

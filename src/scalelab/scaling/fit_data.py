@@ -85,6 +85,19 @@ class FitOptions:
         if self.weights not in ("noise", "none"):
             raise ValueError(f"weights={self.weights!r} is not one of 'noise', 'none'")
 
+    @property
+    def noise_weighted(self) -> bool:
+        return self.weights == "noise"
+
+
+def measured_sigma(points: pd.DataFrame) -> np.ndarray | None:
+    """Each point's ``loss_sigma`` (standard error of its mean loss), or None unless every
+    point has a positive finite one: then the fits are unweighted."""
+    if "loss_sigma" not in points or len(points) == 0:
+        return None
+    sigma = points["loss_sigma"].to_numpy(dtype=float)
+    return sigma if np.all(np.isfinite(sigma) & (sigma > 0)) else None
+
 
 def _where(source: str | None) -> str:
     return f" in {source}" if source else ""

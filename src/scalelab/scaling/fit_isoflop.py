@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .fit_data import FitInputError
+from .fit_data import FitInputError, measured_sigma
 
 
 @dataclass
@@ -172,9 +172,7 @@ def fit_isoflop(runs: pd.DataFrame, min_sizes: int = 3, weighted: bool = False) 
             row["reason"] = f"only {sizes} distinct sizes (need >= {min_sizes})"
             rows.append(row)
             continue
-        sigma = g["loss_sigma"].to_numpy(float) if weighted and "loss_sigma" in g else None
-        if sigma is not None and not np.all(np.isfinite(sigma) & (sigma > 0)):
-            sigma = None
+        sigma = measured_sigma(g) if weighted else None
         coef, xv, reason, xv_sd = _parabola(g["N"], g["loss"], sigma)
         row.update(c2=coef[0], c1=coef[1], c0=coef[2], log_n_sd=xv_sd, flagged=bool(reason), reason=reason)
         if np.isfinite(xv):

@@ -15,6 +15,7 @@ import pandas as pd
 from scalelab.data.files import atomic_save_with, atomic_write_text
 
 from .fit import Estimate, ScalingResults, VariantFit
+from .fit_data import measured_sigma
 from .fit_synthetic import CHINCHILLA, EPOCH_2024
 
 # Published compute-optimal exponents and tokens per parameter, for the side-by-side table.
@@ -249,15 +250,14 @@ def _noise_md(vf: VariantFit, results: ScalingResults) -> list[str]:
 
 def _weights_line(vf: VariantFit, results: ScalingResults) -> str:
     """How the measured noise entered the fits (FitOptions.weights)."""
-    measured = "loss_sigma" in vf.runs and bool(vf.runs["loss_sigma"].notna().all())
-    if results.options.weights == "noise" and measured:
+    if results.options.noise_weighted and measured_sigma(vf.runs) is not None:
         return ("- Weights: each point's standard error sigma = sqrt(seed sd^2 / n + held-out "
                 "se^2). Approach 2's parabolas are weighted least squares (1/sigma) and its power "
                 "laws weight each budget's vertex by the inverse of its standard error (delta "
                 "method); Approach 3 multiplies each log residual by median(sigma/L) / (sigma/L). "
                 "A noisy point pulls the fits less. The intervals cover this measured noise, not "
                 "the choice of functional forms. Unweighted: `scalelab-fit --weights none`.")
-    why = "weights=none" if results.options.weights == "none" else "the noise was not measured (one seed)"
+    why = "weights=none" if not results.options.noise_weighted else "the noise was not measured (one seed)"
     return f"- Unweighted fits ({why}): every point counts the same."
 
 
