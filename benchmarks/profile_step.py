@@ -35,7 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     import scalelab.cli.train as T
-    import scalelab.cli.trainer_build as B
 
     class StepProfiler(pl.Callback):
         def __init__(self) -> None:
@@ -54,8 +53,14 @@ def main(argv: list[str] | None = None) -> int:
                 self.prof.__exit__(None, None, None)
 
     profiler = StepProfiler()
-    build = B.scalelab_callbacks
-    B.scalelab_callbacks = lambda *a, **k: [*build(*a, **k), profiler]  # type: ignore[assignment]
+    # Added through Lightning's Trainer rather than scalelab's callback list, so that the same
+    # script profiles any checkout (PYTHONPATH=<old>/src): a "before" has other internals.
+    init = pl.Trainer.__init__
+
+    def init_with_profiler(self: Any, *a: Any, callbacks: Any = None, **k: Any) -> None:
+        init(self, *a, callbacks=[*(callbacks or []), profiler], **k)
+
+    pl.Trainer.__init__ = init_with_profiler  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
         sys.argv = [sys.argv[0], f"paths.output_dir={tmp}/run", "logger=none",
                     f"train.max_steps={args.start + args.steps + 2}",
