@@ -148,3 +148,23 @@ def test_bad_sample_prompt_fails_at_fit_start() -> None:
     trainer = cpu_trainer(2, limit_val_batches=0)
     with pytest.raises(ValueError, match=r"sample_prompt='\\n' encodes to ids \[-87\] outside"):
         trainer.fit(module, loader(8, 4))
+
+
+def test_peak_is_measured_after_the_first_step_not_before_it() -> None:
+    """The MFU peak (~0.3 s of matmuls) stays off the path to the first step: nothing is
+    measured when fit starts; the peak exists once the first step is done, before any window."""
+    seen: dict[str, object] = {}
+
+    class Watch(pl.Callback):
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            seen["at_start"] = mon.peak
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            seen.setdefault("after_first", (mon.peak, "time_to_first_step" in mon.summary))
+
+    mon = ThroughputMonitor(every_n_steps=2)
+    trainer = cpu_trainer(3, callbacks=[mon, Watch()], limit_val_batches=0)
+    trainer.fit(tiny_module(3), loader(12, 4))
+    assert seen["at_start"] is None
+    peak, ttfs_recorded = seen["after_first"]  # type: ignore[misc]
+    assert peak is not None and peak > 0 and ttfs_recorded
