@@ -33,6 +33,7 @@ import io
 import os
 import pickle
 import random
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -157,15 +158,21 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
-            KeyError, AttributeError, IndexError, TypeError) as e:
-        raise _load_failure(path, e) from None
-    except OSError as e:
-        if e.errno != errno.EINVAL:  # EINVAL: torch seeking past the end of a truncated file
-            raise
-        raise _load_failure(path, EOFError()) from None
+    # torch warns about what it meets in unreadable bytes (e.g. "pickle protocol 175"): kept back
+    # until the load succeeds, so a bad file gives our one line and nothing before it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
+                KeyError, AttributeError, IndexError, TypeError) as e:
+            raise _load_failure(path, e) from None
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: torch seeking past the end of a truncated file
+                raise
+            raise _load_failure(path, EOFError()) from None
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{path}: not a Lightning checkpoint (no state_dict); pass a "
                               "checkpoint that scalelab-train wrote (<run folder>/checkpoints/*.ckpt)")
