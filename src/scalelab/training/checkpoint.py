@@ -153,17 +153,16 @@ def _load_failure(path: Path, e: BaseException) -> CheckpointError:
                            "(e.g. checkpoints/best.ckpt or a step_<N>.ckpt) or train again")
 
 
-def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """The checkpoint dict (plain data only); ``CheckpointError`` if it is not usable."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file")
-    # torch warns about what it meets in unreadable bytes (e.g. "pickle protocol 175"): kept back
-    # until the load succeeds, so a bad file gives our one line and nothing before it
+def _load_plain(path: Path, map_location: Any = "cpu") -> Any:
+    """``torch.load(weights_only=True)`` of one file; ``CheckpointError`` if it cannot be read.
+
+    torch warns about what it meets in unreadable bytes (e.g. "pickle protocol 175"): the
+    warnings are kept back until the load succeeds, so a bad file gives our one line only.
+    """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+            obj = torch.load(path, map_location=map_location, weights_only=True)
         except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
                 KeyError, AttributeError, IndexError, TypeError) as e:
             raise _load_failure(path, e) from None
@@ -173,6 +172,15 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
             raise _load_failure(path, EOFError()) from None
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return obj
+
+
+def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """The checkpoint dict (plain data only); ``CheckpointError`` if it is not usable."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    ckpt = _load_plain(path, map_location)
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{path}: not a Lightning checkpoint (no state_dict); pass a "
                               "checkpoint that scalelab-train wrote (<run folder>/checkpoints/*.ckpt)")
@@ -190,10 +198,7 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         meta_file = path / "meta.pt"
         if not meta_file.is_file():
             raise CheckpointError(f"{path}: a checkpoint folder without meta.pt; pass a .ckpt file")
-        try:
-            extra = torch.load(meta_file, map_location="cpu", weights_only=True)
-        except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as e:
-            raise _load_failure(meta_file, e) from None
+        extra = _load_plain(meta_file)
         if not isinstance(extra, dict):
             raise CheckpointError(f"{meta_file}: not checkpoint metadata")
         ckpt = extra
