@@ -46,7 +46,6 @@ class ThroughputMonitor(pl.Callback):
             raise ValueError(f"ThroughputMonitor every_n_steps={every_n_steps!r}: must be >= 1")
         self.every_n_steps = every_n_steps
         self.peak: float | None = peak_flops_per_device
-        self._precision: Any = "32-true"
         self.world_size = 1
         self.summary: dict[str, float] = {}
         self._t0: float | None = None
@@ -76,7 +75,6 @@ class ThroughputMonitor(pl.Callback):
                 "ThroughputMonitor needs a scalelab LMModule (tokens_seen / flops_seen counters)"
             )
         self.world_size = int(trainer.world_size)
-        self._precision = trainer.precision
         self._t0, self._last_step = None, int(trainer.global_step)
 
     def on_train_batch_end(
@@ -90,7 +88,7 @@ class ThroughputMonitor(pl.Callback):
             if "time_to_first_step" not in self.summary:
                 self.summary["time_to_first_step"] = time.time() - _process_start()
             if self.peak is None:  # ~0.3 s of matmuls: after the first step, outside any window
-                self.peak = peak_flops(pl_module.device, self._precision)
+                self.peak = peak_flops(pl_module.device, trainer.precision)
             self._start_window(pl_module)
             return
         every = self.every_n_steps or max(1, int(trainer.log_every_n_steps))
