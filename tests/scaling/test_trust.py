@@ -22,7 +22,7 @@ from scalelab.scaling.fit_synthetic import (
     with_endpoints,
 )
 from scalelab.scaling.heldout import HeldoutSet, evaluate_checkpoint, loss_and_se, window_losses
-from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan
+from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan, shape_for
 from scalelab.scaling.tune import tune_plan
 from scalelab.scaling.tune_fit import fit_lr_law, grid_optimum
 
@@ -273,3 +273,20 @@ def test_clip_sizes_drops_targets_below_the_smallest_shape():
     with pytest.raises(ValueError, match="clip_sizes left"):
         make_plan(SweepSpec(**dict(spec, budgets=[1e8]), clip_sizes=True), FAMILY, BASE,
                   tokens_per_step=128)
+
+
+def test_min_d_model_keeps_every_shape_at_or_above_the_narrowest_width():
+    spec = SweepSpec(budgets=[3e10, 1e11], sizes_per_budget=7, size_span=16.0,
+                     tokens_per_param=300.0, min_steps=2, clip_sizes=True)
+    free = make_plan(spec, FAMILY, BASE, tokens_per_step=128)
+    assert min(p.d_model for p in free.points) == 8  # one width step: the narrowest shape
+    wide = FamilyConfig(head_dim=8, aspect_ratio=16.0, max_layers=4, min_d_model=12)  # -> 16
+    plan = make_plan(spec, wide, BASE, tokens_per_step=128)
+    assert min(p.d_model for p in plan.points) == 16
+    assert {p.d_model for p in plan.points} == {p.d_model for p in free.points if p.d_model >= 16}
+    with pytest.raises(ValueError, match="too small.*min_d_model"):
+        shape_for(50, wide, BASE)
+    with pytest.raises(ValueError, match=r"sweep\.family\.min_d_model"):
+        FamilyConfig(head_dim=8, min_d_model=0)
+    with pytest.raises(ValueError, match=r"min_d_model=9000 > max_d_model"):
+        FamilyConfig(head_dim=8, min_d_model=9000)

@@ -43,6 +43,7 @@ class FamilyConfig:
     min_layers: int = 1
     max_layers: int = 24
     d_multiple: int | None = None  # d_model is a multiple of this (None -> head_dim)
+    min_d_model: int | None = None  # narrowest width (None -> one width step)
     max_d_model: int = 8192
 
     def __post_init__(self) -> None:
@@ -65,6 +66,11 @@ class FamilyConfig:
                 raise ValueError(
                     f"sweep.family.d_multiple={self.d_multiple} must be a multiple of "
                     f"head_dim={self.head_dim} so that n_heads = d_model / head_dim is whole")
+        if self.min_d_model is not None:
+            _positive_int("sweep.family.min_d_model", self.min_d_model)
+            if self.min_d_model > self.max_d_model:
+                raise ValueError(f"sweep.family.min_d_model={self.min_d_model} > "
+                                 f"max_d_model={self.max_d_model}")
 
     @property
     def layer_choices(self) -> list[int]:
@@ -75,6 +81,11 @@ class FamilyConfig:
     @property
     def width_step(self) -> int:
         return self.d_multiple or self.head_dim
+
+    @property
+    def min_multiple(self) -> int:
+        """The narrowest width in width steps: min_d_model rounded up to a whole step."""
+        return max(1, -(-(self.min_d_model or 0) // self.width_step))
 
 
 @dataclass
@@ -523,14 +534,14 @@ def shape_for(target_n: float, family: FamilyConfig, base: dict[str, Any],
         if best is None or cost < best[0]:
             best = (cost, cfg)
     if best is None:
-        smallest = _make(family.layer_choices[0], step, family, base)
+        smallest = _make(family.layer_choices[0], family.min_multiple * step, family, base)
         n_min = _n_of(smallest, convention)
         if target_n < n_min:
             raise ValueError(
                 f"target N={target_n:.3g} ({convention}) is too small for the smallest model of "
                 f"the family (n_layers={smallest.n_layers}, d_model={smallest.d_model}, "
                 f"N={n_min:.3g}). Raise the compute budget, lower sweep.size_span, or lower "
-                "sweep.family.head_dim/min_layers")
+                "sweep.family.head_dim/min_layers/min_d_model")
         raise ValueError(
             f"target N={target_n:.3g} ({convention}) is beyond the largest shape of the family; "
             "raise sweep.family.max_layers/max_d_model or lower the budget")
@@ -564,7 +575,7 @@ def _n_of(cfg: ModelConfig, convention: str) -> int:
 def _closest_width(target_n: float, layers: int, step: int, family: FamilyConfig,
                    base: dict[str, Any], convention: str) -> ModelConfig | None:
     # N grows monotonically with d: bisect on the multiple of `step`.
-    lo, hi = 1, max(1, family.max_d_model // step)
+    lo, hi = family.min_multiple, max(family.min_multiple, family.max_d_model // step)
     if _n_of(_make(layers, lo * step, family, base), convention) >= target_n:
         return _make(layers, lo * step, family, base)
     if _n_of(_make(layers, hi * step, family, base), convention) < target_n:
