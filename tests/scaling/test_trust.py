@@ -284,7 +284,7 @@ def test_min_d_model_keeps_every_shape_at_or_above_the_narrowest_width():
     plan = make_plan(spec, wide, BASE, tokens_per_step=128)
     assert min(p.d_model for p in plan.points) == 16
     assert {p.d_model for p in plan.points} == {p.d_model for p in free.points if p.d_model >= 16}
-    with pytest.raises(ValueError, match="too small.*min_d_model"):
+    with pytest.raises(ValueError, match=r"too small.*min_d_model"):
         shape_for(50, wide, BASE)
     with pytest.raises(ValueError, match=r"sweep\.family\.min_d_model"):
         FamilyConfig(head_dim=8, min_d_model=0)
