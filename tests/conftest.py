@@ -19,6 +19,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
+# The xdist workers share the cores: every scalelab process a test starts plans its threads
+# for that many processes (scalelab.runtime), instead of taking every core it sees idle.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("SCALELAB_CONCURRENT_PROCS", os.environ["PYTEST_XDIST_WORKER_COUNT"])
+
 
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:

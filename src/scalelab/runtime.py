@@ -10,16 +10,25 @@ The rule (measured on a 2-core EPYC, shakespeare_char shape, plain loop; docs/pe
 - the wait policy is left to libgomp (it spins briefly, then sleeps), which was as fast as
   ``ACTIVE`` on an idle machine (38.9 vs 38.8 ms/step with 2 threads) while ``PASSIVE`` made
   2 threads as slow as 1 (64.4 ms/step);
-- when the machine is already busy (1-minute load average of other work leaves fewer free
-  cores than we would use) threads drop to the free cores (>= 1) and the policy becomes
-  ``PASSIVE``: threads that spin while their partner is descheduled made a step 2.8x slower
-  (195 vs 68-73 ms) with one competing busy process.
+- when the machine is already busy (other processes' CPU use, measured over 0.1 s, leaves
+  fewer free cores than we would use) threads drop to the free cores (>= 1) and the policy
+  becomes ``PASSIVE``: threads that spin while their partner is descheduled made a step 2.8x
+  slower (195 vs 68-73 ms) with one competing busy process.
+
+"Busy" is measured now, not read from the 1-minute load average: that average still showed
+0.6-1.3 a minute after our own previous run had ended, so a second run started on an idle
+2-core machine got 1 thread and ``PASSIVE`` (the bench's platform side, every sequential sweep
+point). A sweep's sibling processes are part of the plan (``SCALELAB_CONCURRENT_PROCS``), so
+their CPU use is not counted again as other work.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import resource
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,12 +53,57 @@ def concurrent_processes() -> int:
         return 1
 
 
-def other_load(cores: int) -> float:
-    """Runnable work of other processes (1-minute load average), capped at ``cores``."""
+LOAD_WINDOW_S = 0.1  # long enough for a busy core to show as ~10 clock ticks, short at start-up
+
+
+def _busy_ticks(stat: str, cpus: set[int]) -> int:
+    """Non-idle clock ticks of ``cpus`` in a /proc/stat text (user..steal; idle and iowait not)."""
+    busy = 0
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return busy
+
+
+def busy_cores_of_others(before: str, after: str, cpus: set[int], own_cpu_s: float,
+                         elapsed_s: float, tick_hz: float) -> float:
+    """Cores other processes kept busy between two /proc/stat snapshots (ours subtracted)."""
+    busy_s = (_busy_ticks(after, cpus) - _busy_ticks(before, cpus)) / tick_hz
+    return max(0.0, (busy_s - own_cpu_s) / max(elapsed_s, 1e-6))
+
+
+def _own_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
+    return ru.ru_utime + ru.ru_stime
+
+
+@functools.cache
+def measured_other_load(window_s: float = LOAD_WINDOW_S) -> float:
+    """Cores other processes use right now, sampled once per process over ``window_s``.
+
+    From /proc/stat on the CPUs this process may run on, minus this process's own CPU time;
+    where there is no /proc/stat (macOS), the 1-minute load average.
+    """
     try:
-        return min(float(cores), max(0.0, os.getloadavg()[0]))
-    except (AttributeError, OSError):
-        return 0.0
+        cpus = set(os.sched_getaffinity(0))
+        before, own0, t0 = Path("/proc/stat").read_text(), _own_cpu_s(), time.monotonic()
+        time.sleep(window_s)
+        after, own1, t1 = Path("/proc/stat").read_text(), _own_cpu_s(), time.monotonic()
+        return busy_cores_of_others(before, after, cpus, own1 - own0, t1 - t0,
+                                    os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, OSError, ValueError):
+        try:
+            return max(0.0, os.getloadavg()[0])
+        except (AttributeError, OSError):
+            return 0.0
+
+
+def other_load(cores: int) -> float:
+    """Cores other processes keep busy now (:func:`measured_other_load`), capped at ``cores``."""
+    return min(float(cores), measured_other_load())
 
 
 @dataclass(frozen=True)
@@ -70,14 +124,16 @@ def thread_plan(concurrent: int | None = None, cores: int | None = None,
                 load: float | None = None) -> ThreadPlan:
     """Threads per process and OpenMP wait policy for ``concurrent`` processes on ``cores``.
 
-    ``load`` is the other work already running (default: the 1-minute load average); pass 0
-    to plan for an idle machine (the sweep planner does, for its own k jobs).
+    ``load`` is the busy cores of every other process, siblings included (default: measured
+    now, :func:`other_load`); pass 0 to plan for an idle machine (the sweep planner does, for
+    its own k jobs).
     """
     k = concurrent_processes() if concurrent is None else max(1, int(concurrent))
     n = available_cores() if cores is None else max(1, int(cores))
     busy = other_load(n) if load is None else max(0.0, float(load))
     threads = max(1, n // k)
-    free = n - busy
+    # our k - 1 siblings (a parallel sweep's other points) are already in the plan
+    free = n - max(0.0, busy - (k - 1) * threads)
     if threads * k > free + 0.5:  # oversubscribed: never spin, use only what is free
         threads = max(1, min(threads, math.floor(max(free, 0.0) / k)))
         return ThreadPlan(threads, "PASSIVE", n, k, busy)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -33,6 +34,48 @@ def test_busy_machine_gets_fewer_threads_and_passive_waits() -> None:
 
 def test_oversubscribed_by_our_own_jobs_is_passive() -> None:
     assert R.thread_plan(concurrent=4, cores=2, load=0.0).wait_policy == "PASSIVE"
+
+
+def test_sweep_siblings_are_not_counted_twice() -> None:
+    # 2 points on 16 cores, the other point busy on its 8: nothing else runs, so 8 each, spinning
+    assert (R.thread_plan(concurrent=2, cores=16, load=8.0).threads,
+            R.thread_plan(concurrent=2, cores=16, load=8.0).wait_policy) == (8, None)
+    # 4 more busy cores beyond the sibling: 12 free for 2 points
+    plan = R.thread_plan(concurrent=2, cores=16, load=12.0)
+    assert (plan.threads, plan.wait_policy) == (6, "PASSIVE")
+
+
+STAT_BEFORE = ("cpu  300 0 30 600 10 0 0 0 0 0\n"
+               "cpu0 100 0 10 200 5 0 0 0 0 0\ncpu1 100 0 10 200 5 0 0 0 0 0\n"
+               "cpu2 100 0 10 200 0 0 0 0 0 0\nintr 1 2 3\n")
+# 1 s at 100 ticks/s: cpu0 busy 80 ticks (20 idle), cpu1 busy 30 (+10 iowait), cpu2 busy 100
+STAT_AFTER = ("cpu  510 0 30 690 20 0 0 0 0 0\n"
+              "cpu0 170 0 20 220 5 0 0 0 0 0\ncpu1 120 0 20 260 15 0 0 0 0 0\n"
+              "cpu2 200 0 10 200 0 0 0 0 0 0\nintr 1 2 3\n")
+
+
+def test_busy_cores_come_from_the_cpus_we_may_use_minus_our_own_time() -> None:
+    busy = R.busy_cores_of_others(STAT_BEFORE, STAT_AFTER, {0, 1}, own_cpu_s=0.0,
+                                  elapsed_s=1.0, tick_hz=100)
+    assert busy == pytest.approx(1.1)  # cpu2 is outside the affinity; iowait is not busy
+    busy = R.busy_cores_of_others(STAT_BEFORE, STAT_AFTER, {0, 1}, own_cpu_s=0.5,
+                                  elapsed_s=1.0, tick_hz=100)
+    assert busy == pytest.approx(0.6)
+    assert R.busy_cores_of_others(STAT_BEFORE, STAT_AFTER, {0}, own_cpu_s=2.0, elapsed_s=1.0,
+                                  tick_hz=100) == 0.0  # never negative
+
+
+def test_a_busy_process_shows_in_the_measured_load() -> None:
+    """The 1-minute load average still reads ~1 a minute after a busy process ends; the
+    measured load must see it while it runs (this test's own CPU time is not counted)."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # running, past its start-up
+        seen = R.measured_other_load.__wrapped__(0.5)
+    finally:
+        spin.kill()
+        spin.wait(timeout=30)
+    assert seen >= 0.6, seen  # a whole core, give or take a loaded machine's sharing
 
 
 def test_concurrency_comes_from_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,3 +138,41 @@ def test_bf16_allowed_where_native_or_not_on_cpu() -> None:
     R.check_cpu_precision("bf16-mixed", "gpu", has_cuda=True, native_bf16=False)
     R.check_cpu_precision("bf16-mixed", "auto", has_cuda=True, native_bf16=False)
     R.check_cpu_precision("32-true", "cpu", has_cuda=False, native_bf16=False)
+
+
+def _spec(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from scalelab.config import schema
+    from scalelab.config.compose import normalize_overrides
+    from scalelab.config.spec import build_spec
+    from scalelab.paths import conf_dir
+
+    schema.register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return build_spec(compose("train", overrides=normalize_overrides(overrides)))
+
+
+def test_a_run_splits_the_cores_between_its_ranks_and_the_sweep(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP on CPU: each rank gets cores // ranks, exported so Lightning's launcher and the
+    ranks it starts keep it; OMP_NUM_THREADS and train.num_threads win over the rule."""
+    import functools
+
+    from scalelab.cli.torch_setup import run_threads
+
+    idle_8 = functools.partial(R.thread_plan, cores=8, load=0.0)
+    ddp2 = _spec(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(R.CONCURRENT_ENV, raising=False)
+    assert run_threads(_spec([]), idle_8) == 8
+    assert "OMP_NUM_THREADS" not in os.environ  # one process: nothing to hand on
+    assert run_threads(ddp2, idle_8) == 4 and os.environ["OMP_NUM_THREADS"] == "4"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setenv(R.CONCURRENT_ENV, "2")  # and 2 sweep points at once
+    assert run_threads(ddp2, idle_8) == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert run_threads(_spec([]), idle_8) == 3
+    assert run_threads(_spec(["train.num_threads=5"]), idle_8) == 5

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,9 +50,21 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"tokens planned: {tokens:,} ({spec.max_steps:,} steps x {spec.batch.tokens_per_step:,} "
         f"tokens, {tokens * fpt:.3g} FLOPs)",
         f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data.vocab_size:,}",
+        f"threads       : {threads_line()}",
         RULE,
     ]
     return lines
+
+
+def threads_line() -> str:
+    """What the thread rule chose (scalelab.runtime) and what it saw, so a slow run explains itself."""
+    import torch
+
+    from scalelab.runtime import available_cores, measured_other_load
+
+    policy = os.environ.get("OMP_WAIT_POLICY", "default")
+    return (f"{torch.get_num_threads()} torch threads, OMP_WAIT_POLICY={policy} "
+            f"({available_cores()} cores, other processes busy on {measured_other_load():.1f})")
 
 
 def print_start(*args: Any, **kwargs: Any) -> None:

@@ -4,8 +4,12 @@ seeds, and a Lightning that reports only what matters into train.log."""
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
+from typing import Any
 
 from scalelab.config.spec import RunSpec
+from scalelab.runtime import concurrent_processes
 
 
 class _DropNoise(logging.Filter):
@@ -54,6 +58,22 @@ def check_precision(spec: RunSpec) -> None:
                         torch.cuda.is_available())
 
 
+def run_threads(spec: RunSpec, plan: Callable[..., Any]) -> int:
+    """Torch threads of one process of this run: ``train.num_threads``, else ``OMP_NUM_THREADS``
+    (torchrun's and Lightning's convention), else the cores // every process sharing them: a
+    parallel sweep's points (SCALELAB_CONCURRENT_PROCS) x this run's ranks on the node; fewer
+    on a busy machine. With several ranks here the choice is exported as ``OMP_NUM_THREADS``,
+    so Lightning's DDP launcher keeps it and the ranks it starts take the same."""
+    threads = spec.train.num_threads or os.environ.get("OMP_NUM_THREADS", "").strip()
+    if str(threads).isdigit() and int(threads) > 0:
+        return int(threads)
+    ranks_here = max(1, spec.world_size // max(1, int(spec.trainer.num_nodes)))
+    chosen = int(plan(concurrent=concurrent_processes() * ranks_here).threads)
+    if ranks_here > 1:
+        os.environ["OMP_NUM_THREADS"] = str(chosen)
+    return chosen
+
+
 def setup_torch(spec: RunSpec) -> None:
     """Threads, matmul precision and every seed (Python, numpy, torch, dataloader workers)."""
     import pytorch_lightning as pl
@@ -62,7 +82,6 @@ def setup_torch(spec: RunSpec) -> None:
     from scalelab.runtime import thread_plan
 
     quiet_lightning()
-    # null: cores // processes sharing them (SCALELAB_CONCURRENT_PROCS), fewer on a busy machine
-    torch.set_num_threads(int(spec.train.num_threads or thread_plan().threads))
+    torch.set_num_threads(run_threads(spec, thread_plan))
     torch.set_float32_matmul_precision(str(spec.train.matmul_precision))
     pl.seed_everything(spec.seed, workers=True, verbose=False)

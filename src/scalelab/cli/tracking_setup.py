@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,8 @@ def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None, ran
 def run_params(cfg: DictConfig, spec: RunSpec, model_cfg: ModelConfig,
                data: DataBundle) -> dict[str, Any]:
     """The MLflow params of a run (scalelab.tracking.params owns the names)."""
+    import torch
+
     from scalelab.tracking.params import run_params as tracked_params
 
     optim, batch = spec.optim, spec.batch
@@ -87,6 +90,8 @@ def run_params(cfg: DictConfig, spec: RunSpec, model_cfg: ModelConfig,
             "compile": bool(spec.train.compile),
             "data_task": spec.data.task if spec.objective == "seq2seq" else None,
             "config_hash": config_hash(cfg),
+            "torch_threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         },
     )
 
