@@ -25,6 +25,7 @@ their CPU use is not counted again as other work.
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import os
 import resource
@@ -207,3 +208,37 @@ def check_cpu_precision(precision: str, accelerator: str, has_cuda: bool,
         raise ValueError(
             f"trainer.precision={precision}: this CPU has no native bf16 (no avx512_bf16/amx_bf16 "
             "flag), where bf16 runs ~16x slower than fp32; use trainer.precision=32-true")
+
+
+# --- garbage collection at start-up and exit --------------------------------------------------
+# Importing torch, Lightning and MLflow creates millions of long-lived objects; the cyclic
+# collector scanned them again and again: 2.4-2.9 s of a 10.5-11.6 s import on a 2-core EPYC
+# (`import torch, pytorch_lightning, mlflow`, gc on vs off). At exit the interpreter's final
+# collection walked them once more: 3.6-4.2 s between the last log line and the process's end,
+# 0.4 s with the heap frozen first. Entry points that exit when done (scalelab-train) pause
+# the collector for start-up, freeze what start-up built, and freeze again before exiting.
+_gc_paused = False
+
+
+def pause_gc_for_startup() -> None:
+    """Turn the cyclic collector off until :func:`resume_gc_after_startup` (processes that exit
+    when their job ends only: what start-up leaves in cycles is kept, not collected)."""
+    global _gc_paused
+    if gc.isenabled():
+        gc.disable()
+        _gc_paused = True
+
+
+def resume_gc_after_startup() -> None:
+    """Move everything start-up built out of the collector's reach, then collect as usual."""
+    global _gc_paused
+    if _gc_paused:
+        gc.freeze()
+        gc.enable()
+        _gc_paused = False
+
+
+def freeze_heap_before_exit() -> None:
+    """Spare the interpreter's final collection of the whole heap (files are flushed and
+    atexit handlers run as usual; only cyclic garbage is left to the OS)."""
+    gc.freeze()

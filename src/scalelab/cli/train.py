@@ -36,6 +36,7 @@ from scalelab.config.schema import register
 from scalelab.config.spec import RunSpec, build_spec
 from scalelab.data.bundle import DataBundle
 from scalelab.model import ModelConfig
+from scalelab.runtime import freeze_heap_before_exit, pause_gc_for_startup, resume_gc_after_startup
 from scalelab.tracking import is_global_zero
 from scalelab.tracking.store import TrackingServerUnreachable
 
@@ -50,7 +51,11 @@ def main() -> None:
     """Console entry point (`scalelab-train`); the console script does sys.exit(main())."""
     sys.argv = [sys.argv[0], *normalize_overrides(sys.argv[1:])]
     sys.argv = hydra_ddp.torchrun_argv(sys.argv)  # scale-out: torchrun ranks > 0 use rank 0's folder
-    _hydra_main()
+    pause_gc_for_startup()  # resumed before the first step; why: scalelab/runtime.py
+    try:
+        _hydra_main()
+    finally:
+        freeze_heap_before_exit()
 
 
 @hydra.main(version_base="1.3", config_path="pkg://scalelab.conf", config_name="train")
@@ -216,6 +221,7 @@ def _tracked_run(run: CheckedRun, tracker: Any, t_start: float) -> dict[str, Any
         val_steps: list[int] = []
         trainer = build_trainer(run.cfg, spec, tracker, run.out_dir, _checkpoint_meta(run, tracker),
                                 val_steps)
+        resume_gc_after_startup()
         t_fit = time.time()
         ckpt = run.point.ckpt
         trainer.fit(module, datamodule=run.data.datamodule, ckpt_path=str(ckpt) if ckpt else None)
