@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +61,7 @@ def _truncated(tmp: Path) -> Path:
     ("root_is_a_file", ["paths.log_dir", "is a file", "SCALELAB_ROOT"]),
     ("root_read_only", ["paths.log_dir", "read-only", "SCALELAB_ROOT"]),
     ("data_dir_read_only", ["paths.data_dir", "Read-only file system"]),
+    ("download_offline", ["could not download", "data.path=/path/to/file"]),
 ])
 def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: list[str],
                                                           tmp_path: Path, train_cli) -> None:
@@ -84,6 +86,10 @@ def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: li
                 root = stack.enter_context(_readonly_tmpfs(tmp_path / "ro_root"))
             env["SCALELAB_ROOT"] = str(root)
             args = [a for a in args if not a.startswith("paths.log_dir=")]
+        elif case == "download_offline":  # nothing listens on a port we just freed
+            args = [a for a in args if not a.startswith("data")]
+            args += ["data=shakespeare", f"data.url=http://127.0.0.1:{free_port()}/input.txt",
+                     "data.download_timeout=5", f"paths.data_dir={tmp_path / 'cache'}"]
         elif case == "data_dir_read_only":
             ro = stack.enter_context(_readonly_tmpfs(tmp_path / "ro_data"))
             args += [f"paths.data_dir={ro / 'cache'}"]

@@ -150,8 +150,8 @@ def download(url: str, dest: Path, sha256: str | None, timeout: float, key: str)
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             raw = r.read()
-    except OSError as e:
-        raise RuntimeError(
+    except OSError as e:  # an OSError again, so the CLI reports it in one line
+        raise ConnectionError(
             f"could not download {url} within {timeout:g} s ({e}); offline? Download it "
             f"elsewhere and set {key}=/path/to/file"
         ) from e
