@@ -238,6 +238,12 @@ def resume_gc_after_startup() -> None:
         _gc_paused = False
 
 
+def release_frozen_heap() -> None:
+    """After a job: what it built (frozen at its fit) may be collected again, so a --multirun
+    that runs its points one after another in this process does not keep every point's cycles."""
+    gc.unfreeze()
+
+
 def freeze_heap_before_exit() -> None:
     """Spare the interpreter's final collection of the whole heap (files are flushed and
     atexit handlers run as usual; only cyclic garbage is left to the OS)."""

@@ -176,3 +176,24 @@ def test_a_run_splits_the_cores_between_its_ranks_and_the_sweep(
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert run_threads(_spec([]), idle_8) == 3
     assert run_threads(_spec(["train.num_threads=5"]), idle_8) == 5
+
+
+def test_startup_gc_pause_freezes_what_startup_built_and_a_job_end_releases_it() -> None:
+    """scalelab-train's entry point: no cyclic collection during imports, the start-up heap
+    out of the collector's reach while training, and collectable again when the job ends."""
+    import gc
+
+    assert gc.isenabled()
+    try:
+        R.pause_gc_for_startup()
+        assert not gc.isenabled()
+        built = [[] for _ in range(1000)]  # start-up's long-lived objects
+        R.resume_gc_after_startup()
+        assert gc.isenabled() and gc.get_freeze_count() >= len(built)
+        R.release_frozen_heap()
+        assert gc.get_freeze_count() == 0
+        R.resume_gc_after_startup()  # not paused (a test, a 2nd job): nothing is frozen
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        gc.enable()

@@ -36,7 +36,12 @@ from scalelab.config.schema import register
 from scalelab.config.spec import RunSpec, build_spec
 from scalelab.data.bundle import DataBundle
 from scalelab.model import ModelConfig
-from scalelab.runtime import freeze_heap_before_exit, pause_gc_for_startup, resume_gc_after_startup
+from scalelab.runtime import (
+    freeze_heap_before_exit,
+    pause_gc_for_startup,
+    release_frozen_heap,
+    resume_gc_after_startup,
+)
 from scalelab.tracking import is_global_zero
 from scalelab.tracking.store import TrackingServerUnreachable
 
@@ -73,6 +78,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         raise
     finally:
         hydra_ddp.end_job()  # scale-out: join this job's ranks, reset the env for the next job
+        release_frozen_heap()
     return summary.get("final_val_loss")
 
 
