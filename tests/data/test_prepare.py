@@ -252,7 +252,7 @@ def test_shakespeare_download_fails_fast_offline(tmp_path):
     import time
 
     t0 = time.perf_counter()
-    with pytest.raises(RuntimeError, match=r"data\.path="):
+    with pytest.raises(ConnectionError, match=r"data\.path="):
         prepare(
             DataConfig(name="shakespeare", download_timeout=3.0),
             TokenizerConfig(name="char"),

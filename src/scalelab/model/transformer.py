@@ -121,7 +121,10 @@ class Transformer(nn.Module):
 
     # --- forward -------------------------------------------------------------------------
     def _embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        x = self.pos.embed(self.tok_emb(ids) * self.embed_scale, pos)
+        x = self.tok_emb(ids)
+        if self.embed_scale != 1.0:  # a multiply (and its backward) only where it changes x
+            x = x * self.embed_scale
+        x = self.pos.embed(x, pos)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         return self.drop(x)
