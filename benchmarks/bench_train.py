@@ -42,6 +42,8 @@ if not ("--_loop-child" in sys.argv and "SCALELAB_BENCH_THREADS" in os.environ):
 import torch
 import torch.nn.functional as F
 
+from benchmarks.lockstep import Pipes, take_turns
+
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(os.environ.get("SCALELAB_SHAKESPEARE", "/work/shared/data/tinyshakespeare.txt"))
 TARGETS = {
@@ -139,8 +141,8 @@ class PlainLoop:
                                      **({"fused": True} if fused else {}))
         self.clip = float(o.grad_clip or 0.0)
         self.batches = [{k: v.to(device) for k, v in b.items()} for b in prep["batches"]]
-        key = "tgt_in" if prep["spec"].objective == "seq2seq" else "input_ids"
-        self.tokens = self.batches[0][key].numel()
+        self.key = "tgt_in" if prep["spec"].objective == "seq2seq" else "input_ids"
+        self.tokens = self.last_tokens = self.batches[0][self.key].numel()
         self.loss = loss_fn(side, prep["spec"].objective)
         self.net = torch.compile(self.model) if compile else self.model
         self.device, self.amp, self.i = device, amp, 0
@@ -148,6 +150,7 @@ class PlainLoop:
     def step(self) -> float:
         b = self.batches[self.i % len(self.batches)]
         self.i += 1
+        self.last_tokens = b[self.key].numel()
         with torch.autocast(self.device, dtype=self.amp or torch.float32, enabled=self.amp is not None):
             loss = self.loss(self.net, b)
         loss.backward()
@@ -165,6 +168,11 @@ class PlainLoop:
         self.step()
         sync()
         return time.perf_counter() - t0, time.process_time() - c0
+
+    def timed_turn(self) -> tuple[float, float, int]:
+        """One step's (wall s, CPU s, tokens): the plain loop's turn against a platform run."""
+        wall, cpu = self.timed_step()
+        return wall, cpu, self.last_tokens
 
 
 def run_interleaved(loops: dict[str, PlainLoop], steps: int,
@@ -202,42 +210,78 @@ def create_store(workdir: Path) -> None:
 
 
 def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads: int,
-                 gpu: bool = False) -> dict[str, Any]:
-    """One ``scalelab-train`` subprocess; ``steps`` None keeps the experiment's run length."""
+                 gpu: bool = False, partner: PlainLoop | None = None) -> dict[str, Any]:
+    """One ``scalelab-train`` subprocess; ``steps`` None keeps the experiment's run length.
+    With a ``partner`` plain loop, the two take turns step by step (benchmarks/lockstep.py) and
+    the steady state of both sides comes from those turns."""
     if not (workdir / "mlruns.db").exists():  # before the clock starts
         create_store(workdir)
-    out = workdir / f"run_{time.time_ns()}"
-    phases = workdir / f"phases_{time.time_ns()}.json"
+    stamp = time.time_ns()
+    out, phases, log_path = (workdir / f"{k}_{stamp}" for k in ("run", "phases", "log"))
+    pipes = Pipes.open() if partner is not None else None
+    timer = f"path: '{phases}'" + (f", lockstep: '{pipes.callback_arg}'" if pipes else "")
     args = [sys.executable, "-m", "scalelab.cli.train", *overrides,
-            "+callbacks.bench_phases={_target_: benchmarks.phase_timer.PhaseTimer, "
-            f"path: '{phases}'}}",
+            "+callbacks.bench_phases={_target_: benchmarks.phase_timer.PhaseTimer, " + timer + "}",
             *([f"train.max_steps={steps}"] if steps else []),
             f"paths.output_dir={out}", f"paths.data_dir={data_dir()}",
             f"logger.tracking_uri=sqlite:///{workdir}/mlruns.db",
             f"logger.artifact_root={workdir}/mlartifacts"]
     if not gpu:
         args.append(f"train.num_threads={threads}")
-    env = dict(os.environ)
     t0, ru0 = time.time(), child_cpu()
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, cwd=ROOT)
+    turns: list[tuple[float, float, int]] = []
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                pass_fds=pipes.run_ends if pipes else ())
+        try:
+            if pipes is not None and partner is not None:
+                pipes.started()
+                turns = take_turns(proc, pipes, partner.timed_turn)
+        finally:
+            proc.wait()
     t_end, cpu_total = time.time(), child_cpu() - ru0
-    wall = t_end - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"scalelab-train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"scalelab-train failed ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
     s = json.loads((out / "summary.json").read_text())
     m = s["metrics"]
-    tok_s = float(m["final/tokens_per_s"])
     ttfs = m.get("final/time_to_first_step")
-    tokens = float(m["final/tokens_seen"])
-    train_s = tokens / tok_s  # steady-state time the steps alone would take
-    cpu = window_metric(workdir / "mlruns.db", s["run_id"], "tokens_per_cpu_sec") \
-        if s.get("run_id") else None
-    return {"tokens_per_s": tok_s, "tokens_per_cpu_s": cpu, "wall_s": wall,
-            "time_to_first_step_s": ttfs,
-            "overhead_share": max(0.0, (wall - (ttfs or 0.0) - train_s) / wall),
-            "mfu": m.get("final/mfu"), "val_loss": s.get("final_val_loss"),
-            "steps": m.get("final/steps"), "cpu_total_s": cpu_total,
-            **phase_times(phases, t_end, cpu_total)}
+    res = {"tokens_per_s": float(m["final/tokens_per_s"]), "wall_s": t_end - t0,
+           "time_to_first_step_s": ttfs, "mfu": m.get("final/mfu"), "val_loss": s.get("final_val_loss"),
+           "steps": m.get("final/steps"), "cpu_total_s": cpu_total,
+           "tokens_per_cpu_s": window_metric(workdir / "mlruns.db", s["run_id"], "tokens_per_cpu_sec")
+           if s.get("run_id") else None,
+           **phase_times(phases, t_end, cpu_total)}
+    if turns:
+        res.update(lockstep_rates(json.loads(phases.read_text()), turns))
+        res["wall_s"] -= res["paused_s"]  # the run's own wall: without its waits for the bench
+    # time the steps alone would take at the steady rate: the rest is start-up, validation,
+    # samples, checkpoints and exit
+    train_s = ((res["steps"] or 0) * res["step_s"] if turns
+               else float(m["final/tokens_seen"]) / res["tokens_per_s"])
+    res["overhead_share"] = max(0.0, (res["wall_s"] - (ttfs or 0.0) - train_s) / res["wall_s"])
+    return res
+
+
+def lockstep_rates(phases: dict[str, Any], turns: list[tuple[float, float, int]],
+                   warmup: int = 2) -> dict[str, Any]:
+    """Steady-state tokens/s and tokens/CPU-s of both sides from their turns. The run's cycles
+    that held a validation are left out (the overhead figures count those); the CPU the run's
+    own threads used while it waited is charged to the run."""
+    cycles = phases["cycles"][warmup:]
+    steady = [c for c in cycles if not c[3]]
+    plain = turns[warmup:]
+    pause_cpu = sum(c for _, c in phases["pauses"])
+    run_cpu = sum(c[1] for c in steady) + pause_cpu * len(steady) / max(1, len(cycles))
+    tokens = sum(c[2] for c in steady)
+    return {"tokens_per_s": tokens / sum(c[0] for c in steady),
+            "tokens_per_cpu_s": tokens / run_cpu,
+            "step_s": statistics.mean(c[0] for c in steady),
+            "step_cpu_s": statistics.mean(c[1] for c in steady),
+            "paused_s": sum(w for w, _ in phases["pauses"]),
+            "background_cpu_share": pause_cpu / max(run_cpu, 1e-9),
+            "partner_tokens_per_s": sum(t for *_, t in plain) / sum(w for w, _, _ in plain),
+            "partner_tokens_per_cpu_s": sum(t for *_, t in plain) / sum(c for _, c, _ in plain),
+            "turns": len(steady)}
 
 
 def child_cpu() -> float:
@@ -306,12 +350,14 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
             step_cpu[side].append(statistics.median(c for _, c in times))
         # one validation mid-run as well as the last step's, so its cost is measured
         plat.append(run_platform([*overrides, f"train.val_every={max(1, platform_steps // 2)}"],
-                                 platform_steps, workdir, threads, gpu))
+                                 platform_steps, workdir, threads, gpu, partner=loops["model"]))
         log(f"  {name} round {r + 1}/{rounds}: " + ", ".join(
             f"{s} {loop.tokens / step_times[s][-1]:,.0f} tok/s" for s, loop in loops.items())
-            + f", platform {plat[-1]['tokens_per_s']:,.0f} tok/s; per CPU-second: " + ", ".join(
+            + "; per CPU-second: " + ", ".join(
                 f"{s} {loop.tokens / step_cpu[s][-1]:,.0f}" for s, loop in loops.items())
-            + f", platform {fmt(plat[-1]['tokens_per_cpu_s'])}")
+            + f"; in {plat[-1]['turns']} turns: platform {plat[-1]['tokens_per_s']:,.0f} vs model "
+            f"{plat[-1]['partner_tokens_per_s']:,.0f} tok/s "
+            f"({plat[-1]['tokens_per_s'] / plat[-1]['partner_tokens_per_s']:.2f})")
     res: dict[str, Any] = {"preset": name, "tokens_per_step": loops["model"].tokens,
                            "params": mcfg.n_params()}
     for side, loop in loops.items():
@@ -319,7 +365,8 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
         res[f"{side}_tokens_per_cpu_s"] = loop.tokens / statistics.median(step_cpu[side])
     for key in ("tokens_per_s", "tokens_per_cpu_s", "wall_s", "time_to_first_step_s",
                 "overhead_share", "mfu", "step_s", "val_event_s", "after_fit_s",
-                "first_step_cpu_s", "step_cpu_s", "val_event_cpu_s", "after_fit_cpu_s"):
+                "first_step_cpu_s", "step_cpu_s", "val_event_cpu_s", "after_fit_cpu_s",
+                "partner_tokens_per_s", "partner_tokens_per_cpu_s", "background_cpu_share", "turns"):
         vals = [p[key] for p in plat if p.get(key) is not None]
         res[f"platform_{key}"] = statistics.median(vals) if vals else None
     res["platform_steps"] = platform_steps
@@ -334,9 +381,10 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
         res["model/ref"] = res["model_tokens_per_s"] / res["ref_tokens_per_s"]
         res["model/ref_cpu"] = res["model_tokens_per_cpu_s"] / res["ref_tokens_per_cpu_s"]
         res["platform_wall/ref_wall"] = res["platform_wall_s"] / res["ref_wall_s"]
-    res["platform/model"] = res["platform_tokens_per_s"] / res["model_tokens_per_s"]
-    if res.get("platform_tokens_per_cpu_s"):
-        res["platform/model_cpu"] = res["platform_tokens_per_cpu_s"] / res["model_tokens_per_cpu_s"]
+    # (3)/(2) per round from the turns the two sides took, then the median over rounds
+    res["platform/model"] = statistics.median(p["tokens_per_s"] / p["partner_tokens_per_s"] for p in plat)
+    res["platform/model_cpu"] = statistics.median(
+        p["tokens_per_cpu_s"] / p["partner_tokens_per_cpu_s"] for p in plat)
     return res
 
 

@@ -7,11 +7,20 @@ Between two batches: the gap, attributed to validation when a validation ran ins
 holds validation, the sample and the checkpoints Lightning writes at that validation). At the
 end of ``fit``: the time stamp, so the caller can measure what comes after (final validation,
 sample, checkpoint, MLflow upload, exit) from the process's end.
+
+With ``lockstep="R,W"`` (two pipe ends the bench passed down), the run takes turns with the
+bench's plain loop after every optimizer step from ``skip`` on: it writes one byte to W and
+waits for one byte on R while the bench runs one plain-loop step. Each turn's *cycle* is
+everything the run did since it got the turn back (Lightning's loop, data, callbacks, logging,
+the step itself) up to the end of its next optimizer step, so the two sides' step times come
+from the same seconds of the machine, A B A B, as the bench's plain loops do. The pauses are
+recorded too, with the CPU the run's own threads used while it waited (charged to the run).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +29,7 @@ import pytorch_lightning as pl
 
 
 class PhaseTimer(pl.Callback):
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, lockstep: str | None = None, skip: int = 3) -> None:
         self.path = Path(path)
         self.steps: list[tuple[float, float]] = []  # (wall, cpu) per training batch
         self.val_gaps: list[tuple[float, float]] = []  # (wall, cpu) of gaps that held a validation
@@ -29,6 +38,13 @@ class PhaseTimer(pl.Callback):
         self._end: tuple[float, float] | None = None
         self._validated = False
         self.first_step_cpu: float | None = None
+        self._fds = tuple(int(f) for f in str(lockstep).split(",")) if lockstep else None
+        self.skip = skip
+        self.cycles: list[tuple[float, float, int, bool]] = []  # (wall, cpu, tokens, validated)
+        self.pauses: list[tuple[float, float]] = []  # (wall, cpu of this process while waiting)
+        self._resumed: tuple[float, float, int] | None = None
+        self._cycle_validated = False
+        self._last_step = -1
 
     @staticmethod
     def _now() -> tuple[float, float]:
@@ -48,18 +64,46 @@ class PhaseTimer(pl.Callback):
             self.steps.append((now[0] - self._start[0], now[1] - self._start[1]))
         if self.first_step_cpu is None:  # CPU seconds since the process started: load-robust
             self.first_step_cpu = now[1]
+        step = int(trainer.global_step)
+        if self._fds is not None and step != self._last_step and step >= self.skip:
+            now = self._take_turns(now, int(getattr(pl_module, "tokens_seen", 0)))
+        self._last_step = step
         self._end = now
 
+    def _take_turns(self, now: tuple[float, float], tokens: int) -> tuple[float, float]:
+        """Close this cycle, hand the turn to the bench, and return when it hands it back."""
+        if self._resumed is not None:
+            wall0, cpu0, tokens0 = self._resumed
+            self.cycles.append((now[0] - wall0, now[1] - cpu0, tokens - tokens0,
+                                self._cycle_validated))
+        assert self._fds is not None
+        read_fd, write_fd = self._fds
+        try:
+            os.write(write_fd, b"s")
+            handed_back = os.read(read_fd, 1)
+        except OSError:  # the bench is gone: train on alone
+            handed_back = b""
+        back = self._now()
+        if not handed_back:
+            self._fds = None
+            return back
+        self.pauses.append((back[0] - now[0], back[1] - now[1]))
+        self._resumed, self._cycle_validated = (back[0], back[1], tokens), False
+        return back
+
     def on_validation_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        self._validated = True
+        self._validated = self._cycle_validated = True
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         # a validation (with its sample and checkpoints) after the last batch, inside fit
         if self._end is not None and self._validated:
             now = self._now()
             self.val_gaps.append((now[0] - self._end[0], now[1] - self._end[1]))
+        if self._fds is not None:  # the bench's loop ends at this end of the pipe
+            os.close(self._fds[1])
+            self._fds = None
         self.path.write_text(json.dumps({
             "steps": self.steps, "val_gaps": self.val_gaps, "other_gaps": self.other_gaps,
             "fit_end_unix": time.time(), "fit_end_cpu": time.process_time(),
-            "first_step_cpu": self.first_step_cpu,
+            "first_step_cpu": self.first_step_cpu, "cycles": self.cycles, "pauses": self.pauses,
         }))

@@ -80,6 +80,10 @@ def test_quick_bench_runs_end_to_end(tmp_path: Path) -> None:
     assert row["preset"] == "encdec" and row["model_tokens_per_s"] > 0
     assert row["platform_tokens_per_s"] > 0 and row["platform_time_to_first_step_s"] > 0
     assert row["platform_val_event_s"] > 0 and 0 < row["platform_overhead_default_run"] < 1
+    # (3)/(2) from the turns the run and the plain loop took (benchmarks/lockstep.py)
+    assert row["platform_turns"] > 40 and row["platform_partner_tokens_per_s"] > 0
+    assert row["platform/model"] == pytest.approx(
+        row["platform_tokens_per_s"] / row["platform_partner_tokens_per_s"])
     assert "ref_tokens_per_s" not in row  # no hand-written encoder-decoder
     assert res["memory"]["activation_memory_ratio"] < 0.5
     assert "(3)/(2)" in proc.stdout

@@ -1,0 +1,71 @@
+"""Side (2) and side (3) of the training bench in turns, one optimizer step each.
+
+This machine's speed drifts by ±15 % within seconds (another tenant on the host): step times
+of one run measured after another compare two different machines. So the platform run and the
+plain loop take turns instead, through two pipes: the run's ``PhaseTimer`` (lockstep mode)
+writes a byte after each optimizer step and waits; the bench runs one plain-loop step and
+writes a byte back. Both sides' steady state then comes from the same seconds, as the plain
+loops' own A B A B interleaving does.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Pipes:
+    """The bench's ends and the run's ends of the two pipes."""
+
+    from_run: int
+    to_run: int
+    run_ends: tuple[int, int]  # (the run reads, the run writes): passed down with pass_fds
+    closed: bool = field(default=False)
+
+    @classmethod
+    def open(cls) -> Pipes:
+        run_reads, to_run = os.pipe()
+        from_run, run_writes = os.pipe()
+        return cls(from_run, to_run, (run_reads, run_writes))
+
+    @property
+    def callback_arg(self) -> str:
+        return f"{self.run_ends[0]},{self.run_ends[1]}"
+
+    def started(self) -> None:
+        """The run has its copies: close ours, so its exit reads as end-of-file here."""
+        for fd in self.run_ends:
+            os.close(fd)
+
+    def close(self) -> None:
+        if not self.closed:
+            for fd in (self.from_run, self.to_run):
+                os.close(fd)
+            self.closed = True
+
+
+def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, step: Callable[[], tuple[float, float, int]],
+               timeout_s: float = 900.0) -> list[tuple[float, float, int]]:
+    """Run ``step`` (returns wall s, CPU s, tokens) once per turn the run hands over, until the
+    run closes its end or exits. A run silent for ``timeout_s`` is killed."""
+    out: list[tuple[float, float, int]] = []
+    try:
+        while True:
+            ready, _, _ = select.select([pipes.from_run], [], [], timeout_s)
+            if not ready:
+                proc.kill()
+                raise TimeoutError(f"the platform run sent no step for {timeout_s:.0f} s")
+            if not os.read(pipes.from_run, 1):
+                return out  # end of file: the run's fit ended (or it died; its exit code says)
+            out.append(step())
+            try:
+                os.write(pipes.to_run, b"g")
+            except BrokenPipeError:
+                return out
+    finally:
+        pipes.close()

@@ -1,0 +1,105 @@
+"""The bench's turn-taking between a platform run and the plain loop (benchmarks/lockstep.py,
+the PhaseTimer's lockstep mode) over real pipes and real child processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from benchmarks.bench_train import lockstep_rates
+from benchmarks.lockstep import Pipes, take_turns
+from benchmarks.phase_timer import PhaseTimer
+
+# A child that takes turns as the PhaseTimer does: write a byte, wait for one back. It exits 3
+# when a reply is missing, so the test sees that every turn was handed back.
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    r, w, n, linger = (int(a) for a in sys.argv[1:5])
+    for _ in range(n):
+        os.write(w, b"s")
+        if os.read(r, 1) != b"g":
+            sys.exit(3)
+    time.sleep(linger)
+""")
+
+
+def _child(pipes: Pipes, turns: int, linger_s: int = 0) -> subprocess.Popen[bytes]:
+    r, w = pipes.run_ends
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(r), str(w), str(turns), str(linger_s)],
+                            pass_fds=pipes.run_ends)
+    pipes.started()
+    return proc
+
+
+def test_take_turns_runs_one_step_per_turn_until_the_run_exits() -> None:
+    pipes = Pipes.open()
+    proc = _child(pipes, turns=7)
+    steps: list[int] = []
+    try:
+        out = take_turns(proc, pipes, lambda: (steps.append(1), (0.01, 0.02, 5))[1])
+        assert proc.wait(timeout=30) == 0  # every turn was handed back
+    finally:
+        proc.kill()
+    assert len(out) == len(steps) == 7 and out[0] == (0.01, 0.02, 5)
+    assert pipes.closed
+
+
+def test_a_silent_run_is_killed_after_the_timeout() -> None:
+    pipes = Pipes.open()
+    proc = _child(pipes, turns=0, linger_s=60)  # never hands over a turn
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="no step"):
+            take_turns(proc, pipes, lambda: (0.0, 0.0, 0), timeout_s=1.0)
+        assert time.monotonic() - t0 < 20
+        assert proc.wait(timeout=30) != 0  # killed, not left behind
+    finally:
+        proc.kill()
+
+
+def _trainer(step: int) -> SimpleNamespace:
+    return SimpleNamespace(global_step=step)
+
+
+def test_phase_timer_takes_turns_and_records_cycles_and_pauses(tmp_path: Path) -> None:
+    """Replies written ahead into a real pipe: the timer never blocks, and what it records can
+    be checked turn by turn."""
+    bench_reads, run_writes = os.pipe()
+    run_reads, bench_writes = os.pipe()
+    os.write(bench_writes, b"g" * 3)  # three turns handed back, then the bench is gone
+    os.close(bench_writes)
+    timer = PhaseTimer(str(tmp_path / "phases.json"), lockstep=f"{run_reads},{run_writes}", skip=1)
+    module = SimpleNamespace(tokens_seen=0)
+    for step in range(1, 6):  # optimizer steps 1..5
+        timer.on_train_batch_start(_trainer(step - 1), module, None, step)
+        module.tokens_seen += 100
+        if step == 3:
+            timer.on_validation_start(_trainer(step), module)  # lands in cycle 2 -> 3
+        timer.on_train_batch_end(_trainer(step), module, None, None, step)
+    timer.on_fit_end(_trainer(5), module)
+    # turns after steps 1, 2, 3 were answered; after step 4 the bench was gone (EOF)
+    assert os.read(bench_reads, 16) == b"s" * 4
+    assert len(timer.pauses) == 3
+    assert [(c[2], c[3]) for c in timer.cycles] == [(100, False), (100, True), (100, False)]
+    assert all(c[0] >= 0 for c in timer.cycles)
+    os.close(bench_reads)
+    os.close(run_reads)
+
+
+def test_lockstep_rates_leave_out_validation_and_charge_waiting_cpu() -> None:
+    phases = {"cycles": [[1.0, 1.0, 100, False]] * 2 + [[0.1, 0.1, 10, False], [9.0, 9.0, 10, True],
+                                                         [0.1, 0.1, 10, False]],
+              "pauses": [[0.2, 0.02]] * 3}
+    turns = [(5.0, 5.0, 1)] * 2 + [(0.05, 0.04, 10)] * 3
+    r = lockstep_rates(phases, turns, warmup=2)
+    assert r["tokens_per_s"] == pytest.approx(20 / 0.2)  # the validation cycle is left out
+    assert r["partner_tokens_per_s"] == pytest.approx(30 / 0.15)
+    run_cpu = 0.2 + 0.06 * 2 / 3  # waiting CPU shared over the cycles, 2 of 3 steady
+    assert r["tokens_per_cpu_s"] == pytest.approx(20 / run_cpu)
+    assert r["paused_s"] == pytest.approx(0.6) and r["turns"] == 2
