@@ -103,3 +103,14 @@ def test_lockstep_rates_leave_out_validation_and_charge_waiting_cpu() -> None:
     run_cpu = 0.2 + 0.06 * 2 / 3  # waiting CPU shared over the cycles, 2 of 3 steady
     assert r["tokens_per_cpu_s"] == pytest.approx(20 / run_cpu)
     assert r["paused_s"] == pytest.approx(0.6) and r["turns"] == 2
+
+
+def test_the_a_a_check_runs_the_same_loop_on_both_sides() -> None:
+    """benchmarks/lockstep_check.py, tiny: one round of a few turns completes and prints a ratio."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.lockstep_check", "--rounds", "1", "--turns", "6",
+         "+experiment=reverse_seq2seq", "model.d_model=16", "model.n_heads=2"],
+        cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "round 1: child" in proc.stdout and "A/A ratios (true value 1):" in proc.stdout
