@@ -41,4 +41,7 @@ def test_seq2seq_reverse_reaches_high_exact_match(tmp_path: Path, train_cli) -> 
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = _summary(tmp_path, "reverse_seq2seq")
     assert s["metrics"]["final/exact_match"] >= 0.9, s
+    # tokens are the padded target tokens trained on (<= 7 a row here), not 500 x 64 x block 32
+    tokens = s["metrics"]["final/tokens_seen"]
+    assert tokens % 64 == 0 and 500 * 64 * 2 <= tokens <= 500 * 64 * 7, tokens
     assert "ok" in s["sample"]

@@ -54,7 +54,7 @@ def final_metrics(trainer: Any, spec: RunSpec, model_cfg: ModelConfig, fit_secon
         "final/val_bpb": cm.get("val/bpb"),
         "final/val_ppl": math.exp(val_loss) if val_loss is not None and val_loss < 50 else None,
         "final/train_loss": cm.get("train/loss"),
-        "final/tokens_seen": step * spec.batch.tokens_per_step,
+        "final/tokens_seen": tokens_seen(trainer, step * spec.batch.tokens_per_step),
         "final/steps": step,
         "final/tokens_per_s": tok_s,
         "final/mfu": mfu,
@@ -65,6 +65,14 @@ def final_metrics(trainer: Any, spec: RunSpec, model_cfg: ModelConfig, fit_secon
         if k.startswith("val/") and f"final/{k[4:]}" not in final and f"final/val_{k[4:]}" not in final:
             final[f"final/{k[4:]}"] = v
     return final
+
+
+def tokens_seen(trainer: Any, planned: int) -> int:
+    """The module's own count (every device, carried over a resume), which is what tokens/s
+    and FLOPs count: an encoder-decoder counts its padded target tokens, not steps x batch x
+    block_size. ``planned`` for a module without one."""
+    counted = int(getattr(trainer.lightning_module, "tokens_seen", 0) or 0)
+    return counted or planned
 
 
 def _mfu(spec: RunSpec, flops_per_s_per_device: float) -> float | None:
