@@ -248,12 +248,12 @@ def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads
     res = {"tokens_per_s": float(m["final/tokens_per_s"]), "wall_s": t_end - t0,
            "time_to_first_step_s": ttfs, "mfu": m.get("final/mfu"), "val_loss": s.get("final_val_loss"),
            "steps": m.get("final/steps"), "cpu_total_s": cpu_total,
-           "tokens_per_cpu_s": window_metric(workdir / "mlruns.db", s["run_id"], "tokens_per_cpu_sec")
-           if s.get("run_id") else None,
            **phase_times(phases, t_end, cpu_total)}
-    if turns:
+    if turns:  # the run's own rates and windows include its waits: the turns replace them
         res.update(lockstep_rates(json.loads(phases.read_text()), turns))
         res["wall_s"] -= res["paused_s"]  # the run's own wall: without its waits for the bench
+    elif s.get("run_id"):
+        res["tokens_per_cpu_s"] = window_metric(workdir / "mlruns.db", s["run_id"], "tokens_per_cpu_sec")
     # time the steps alone would take at the steady rate: the rest is start-up, validation,
     # samples, checkpoints and exit
     train_s = ((res["steps"] or 0) * res["step_s"] if turns

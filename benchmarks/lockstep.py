@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import select
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,3 +70,51 @@ def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, step: Callable[[], tup
                 return out
     finally:
         pipes.close()
+
+
+class RunTurns:
+    """The run's side of the turns (PhaseTimer's lockstep mode; the A/A check's child).
+
+    ``hand_over`` after each optimizer step closes the current *cycle* (from getting the turn
+    back to now: wall, CPU, tokens since, whether a validation ran in it), writes a byte and
+    waits for one back. The wait is a *pause* (wall, and the CPU this process's threads used
+    meanwhile). When the bench is gone, ``active`` turns False and the run trains on alone."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd, self.write_fd, self.active = read_fd, write_fd, True
+        self.cycles: list[tuple[float, float, int, bool]] = []
+        self.pauses: list[tuple[float, float]] = []
+        self.validated = False  # set by the caller when a validation ran in this cycle
+        self._resumed: tuple[float, float, int] | None = None
+
+    @classmethod
+    def from_arg(cls, arg: str | None) -> RunTurns | None:
+        """``"R,W"`` (the callback argument) or None."""
+        return cls(*(int(f) for f in str(arg).split(","))) if arg else None
+
+    def hand_over(self, now: tuple[float, float], tokens: int) -> tuple[float, float]:
+        """Close this cycle, hand the turn to the bench; returns (wall, CPU) when it is back."""
+        if self._resumed is not None:
+            wall0, cpu0, tokens0 = self._resumed
+            self.cycles.append((now[0] - wall0, now[1] - cpu0, tokens - tokens0, self.validated))
+        try:
+            os.write(self.write_fd, b"s")
+            handed_back = os.read(self.read_fd, 1)
+        except OSError:  # the bench is gone
+            handed_back = b""
+        back = time.perf_counter(), time.process_time()
+        if not handed_back:
+            self.active = False
+            return back
+        self.pauses.append((back[0] - now[0], back[1] - now[1]))
+        self._resumed, self.validated = (back[0], back[1], tokens), False
+        return back
+
+    def close(self) -> None:
+        """End of the run's turns: the bench's loop sees end-of-file."""
+        if self.active:
+            os.close(self.write_fd)
+            self.active = False
+
+    def record(self) -> dict[str, list]:
+        return {"cycles": self.cycles, "pauses": self.pauses}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_train import ROOT, PlainLoop, lockstep_rates, prepare_preset
-from benchmarks.lockstep import Pipes, take_turns
+from benchmarks.lockstep import Pipes, RunTurns, take_turns
 
 CHILD = "--_child"
 
@@ -36,21 +35,16 @@ def plain_loop(overrides: list[str]) -> PlainLoop:
 
 
 def child(read_fd: int, write_fd: int, turns: int, out: str, overrides: list[str]) -> None:
-    """The platform side's part, played by a plain loop: a cycle runs from getting the turn back
-    to the end of the next step, as PhaseTimer's do."""
+    """The platform side's part, played by a plain loop taking turns as PhaseTimer does."""
     loop = plain_loop(overrides)
     for _ in range(3):
         loop.step()
-    cycles, resumed = [], None
+    run, tokens = RunTurns(read_fd, write_fd), 0
     for _ in range(turns):
         loop.step()
-        now = time.perf_counter(), time.process_time()
-        if resumed is not None:
-            cycles.append((now[0] - resumed[0], now[1] - resumed[1], loop.last_tokens, False))
-        os.write(write_fd, b"s")
-        os.read(read_fd, 1)
-        resumed = time.perf_counter(), time.process_time()
-    Path(out).write_text(json.dumps({"cycles": cycles, "pauses": []}))
+        tokens += loop.last_tokens
+        run.hand_over((time.perf_counter(), time.process_time()), tokens)
+    Path(out).write_text(json.dumps(run.record()))
 
 
 def main(argv: list[str]) -> int:

@@ -20,12 +20,13 @@ recorded too, with the CPU the run's own threads used while it waited (charged t
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
+
+from benchmarks.lockstep import RunTurns
 
 
 class PhaseTimer(pl.Callback):
@@ -38,12 +39,8 @@ class PhaseTimer(pl.Callback):
         self._end: tuple[float, float] | None = None
         self._validated = False
         self.first_step_cpu: float | None = None
-        self._fds = tuple(int(f) for f in str(lockstep).split(",")) if lockstep else None
+        self.turns = RunTurns.from_arg(lockstep)
         self.skip = skip
-        self.cycles: list[tuple[float, float, int, bool]] = []  # (wall, cpu, tokens, validated)
-        self.pauses: list[tuple[float, float]] = []  # (wall, cpu of this process while waiting)
-        self._resumed: tuple[float, float, int] | None = None
-        self._cycle_validated = False
         self._last_step = -1
 
     @staticmethod
@@ -65,45 +62,27 @@ class PhaseTimer(pl.Callback):
         if self.first_step_cpu is None:  # CPU seconds since the process started: load-robust
             self.first_step_cpu = now[1]
         step = int(trainer.global_step)
-        if self._fds is not None and step != self._last_step and step >= self.skip:
-            now = self._take_turns(now, int(getattr(pl_module, "tokens_seen", 0)))
+        turns = self.turns
+        if turns is not None and turns.active and step != self._last_step and step >= self.skip:
+            now = turns.hand_over(now, int(getattr(pl_module, "tokens_seen", 0)))
         self._last_step = step
         self._end = now
 
-    def _take_turns(self, now: tuple[float, float], tokens: int) -> tuple[float, float]:
-        """Close this cycle, hand the turn to the bench, and return when it hands it back."""
-        if self._resumed is not None:
-            wall0, cpu0, tokens0 = self._resumed
-            self.cycles.append((now[0] - wall0, now[1] - cpu0, tokens - tokens0,
-                                self._cycle_validated))
-        assert self._fds is not None
-        read_fd, write_fd = self._fds
-        try:
-            os.write(write_fd, b"s")
-            handed_back = os.read(read_fd, 1)
-        except OSError:  # the bench is gone: train on alone
-            handed_back = b""
-        back = self._now()
-        if not handed_back:
-            self._fds = None
-            return back
-        self.pauses.append((back[0] - now[0], back[1] - now[1]))
-        self._resumed, self._cycle_validated = (back[0], back[1], tokens), False
-        return back
-
     def on_validation_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        self._validated = self._cycle_validated = True
+        self._validated = True
+        if self.turns is not None:
+            self.turns.validated = True
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         # a validation (with its sample and checkpoints) after the last batch, inside fit
         if self._end is not None and self._validated:
             now = self._now()
             self.val_gaps.append((now[0] - self._end[0], now[1] - self._end[1]))
-        if self._fds is not None:  # the bench's loop ends at this end of the pipe
-            os.close(self._fds[1])
-            self._fds = None
+        if self.turns is not None:
+            self.turns.close()
         self.path.write_text(json.dumps({
             "steps": self.steps, "val_gaps": self.val_gaps, "other_gaps": self.other_gaps,
             "fit_end_unix": time.time(), "fit_end_cpu": time.process_time(),
-            "first_step_cpu": self.first_step_cpu, "cycles": self.cycles, "pauses": self.pauses,
+            "first_step_cpu": self.first_step_cpu,
+            **(self.turns.record() if self.turns is not None else {"cycles": [], "pauses": []}),
         }))

@@ -85,11 +85,13 @@ def test_phase_timer_takes_turns_and_records_cycles_and_pauses(tmp_path: Path) -
     timer.on_fit_end(_trainer(5), module)
     # turns after steps 1, 2, 3 were answered; after step 4 the bench was gone (EOF)
     assert os.read(bench_reads, 16) == b"s" * 4
-    assert len(timer.pauses) == 3
-    assert [(c[2], c[3]) for c in timer.cycles] == [(100, False), (100, True), (100, False)]
-    assert all(c[0] >= 0 for c in timer.cycles)
+    assert timer.turns is not None and not timer.turns.active  # the bench was gone after 3 turns
+    assert len(timer.turns.pauses) == 3
+    assert [(c[2], c[3]) for c in timer.turns.cycles] == [(100, False), (100, True), (100, False)]
+    assert all(c[0] >= 0 for c in timer.turns.cycles)
     os.close(bench_reads)
     os.close(run_reads)
+    os.close(run_writes)
 
 
 def test_lockstep_rates_leave_out_validation_and_charge_waiting_cpu() -> None:
