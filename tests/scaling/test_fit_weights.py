@@ -64,13 +64,17 @@ def test_bad_weights_are_refused(bad):
         fit_parametric(runs["N"], runs["D"], runs["loss"], grid="small", weights=bad)
 
 
-def test_point_sigma_combines_seed_spread_and_heldout_error():
+def test_point_sigma_combines_modelled_seed_spread_and_heldout_error():
     runs = _noisy_replicates(0)
     runs["loss_se"] = 0.003
     pts = point_means(runs.assign(fpt=6 * runs["N"], variant="default"))
     g = runs.groupby("group_id")["loss"]
-    expected = np.sqrt(g.std() ** 2 / 3 + 0.003**2)
-    np.testing.assert_allclose(pts.set_index("group_id")["loss_sigma"], expected.loc[pts["group_id"]])
+    np.testing.assert_allclose(pts.set_index("group_id")["loss_sd"], g.std().loc[pts["group_id"]])
+    expected = np.sqrt(pts["seed_sd"] ** 2 / 3 + 0.003**2)
+    np.testing.assert_allclose(pts["loss_sigma"], expected)
+    # the model is smooth in N and D: the loud third (largest N) gets the largest seed sd
+    loud = pts["N"] > pts.groupby("budget")["N"].transform(lambda n: n.sort_values().iloc[5])
+    assert pts.loc[loud, "seed_sd"].median() > 3 * pts.loc[~loud, "seed_sd"].median()
     w = noise_weights(pts)
     assert np.median(w) == pytest.approx(1.0)
     # one seed: the noise is not measured, so nothing is weighted

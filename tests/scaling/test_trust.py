@@ -82,14 +82,19 @@ def test_replicate_resample_has_the_unbiased_variance_of_a_mean():
     narrower than the noise it measures."""
     from scalelab.scaling.fit import _resample_replicates
 
-    reps = pd.DataFrame({"group_id": ["p"] * 3 + ["q"] * 2, "loss": [1.0, 2.0, 3.0, 5.0, 5.0]})
-    points = pd.DataFrame({"group_id": ["p", "q"], "loss": [2.0, 5.0]})
+    reps = pd.DataFrame({"group_id": ["p"] * 3 + ["q"] * 3 + ["r"] * 2,
+                         "loss": [1.0, 2.0, 3.0, 4.0, 5.5, 8.5, 5.0, 5.0]})
+    points = pd.DataFrame({"group_id": ["p", "q", "r"], "loss": [2.0, 6.0, 5.0],
+                           "seed_sd": [1.0, np.sqrt(5.25), 0.5], "n_rep": [3, 3, 2]})
     rng = np.random.default_rng(0)
-    draws = pd.concat([_resample_replicates(reps, points, rng) for _ in range(20000)])
-    p = draws[draws["group_id"] == "p"]["loss"]
-    assert p.mean() == pytest.approx(2.0, abs=0.01)
-    assert p.var() == pytest.approx(np.var([1.0, 2.0, 3.0], ddof=1) / 3, rel=0.04)  # not 2/9
-    assert (draws[draws["group_id"] == "q"]["loss"] == 5.0).all()
+    draws = pd.concat([_resample_replicates(reps, points, rng) for _ in range(5000)])
+    for gid, mean, sd, n in points.itertuples(index=False):
+        d = draws[draws["group_id"] == gid]["loss"]
+        assert d.mean() == pytest.approx(mean, abs=0.03)
+        # the pooled residuals of p and q have unit variance, r's are 0: 6 of 8 are unit
+        assert d.var() == pytest.approx(sd**2 / n * 6 / 8, rel=0.08)  # not 2/9 of a plain resample
+    # the draws are not limited to the 10 means a point's own 3 seeds allow
+    assert draws[draws["group_id"] == "p"]["loss"].nunique() > 50
 
 
 def test_more_seeds_narrow_the_interval():

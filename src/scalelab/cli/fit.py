@@ -93,6 +93,9 @@ def print_results(results) -> None:
         if vf.approach2 is not None:
             for r in vf.approach2.budgets[vf.approach2.budgets["flagged"]].itertuples():
                 console.print(f"[yellow]flagged budget[/] C={r.budget:.3g}: {r.reason} (excluded from Approach 2)")
+        check = vf.approach2.power_law_check if vf.approach2 is not None else None
+        if check is not None:
+            console.print(("[yellow]Approach 2:[/] " if check.misfit else "Approach 2: ") + check.summary())
         for k, why in vf.skipped.items():
             console.print(f"[yellow]Approach {k} skipped:[/] {why}")
         ex = vf.extrapolation

@@ -8,10 +8,12 @@ least squares in log-log space.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from .fit_data import FitInputError, measured_sigma
 
@@ -102,6 +104,68 @@ def fit_envelope(curves: pd.DataFrame, n_levels: int = 60, min_runs: int = 2,
 
 
 @dataclass
+class PowerLawCheck:
+    """Does N_opt follow one power law in C? A test of Approach 2's own model.
+
+    ``chi2`` of the weighted power law through the budgets' vertices (each weighed by its
+    measured standard error), with ``dof`` = budgets - 2 and its ``p_value``; ``curvature`` is the
+    quadratic term of log N_opt in log C (0 for a power law) with its standard error; ``local``
+    has the exponent between each pair of neighbouring budgets (c_lo, c_hi, a, a_se). Approach 2's
+    bootstrap interval covers the noise of the vertices given a power law; when the vertices bend,
+    a depends on which budgets are in the study, and Approach 3, whose form implies a single
+    exponent, averages the bend differently.
+    """
+
+    chi2: float
+    dof: int
+    p_value: float
+    curvature: float
+    curvature_se: float
+    local: pd.DataFrame
+
+    @property
+    def misfit(self) -> bool:
+        """The power law is rejected at the 5 % level."""
+        return self.p_value < 0.05
+
+    @property
+    def scale(self) -> float:
+        """sqrt(chi2 / dof) (Birge ratio, >= 1): how much wider a's interval gets when the scatter
+        about the power law is taken as the vertices' real error."""
+        return max(1.0, math.sqrt(self.chi2 / self.dof))
+
+    def summary(self) -> str:
+        a = self.local["a"]
+        bend = (f"local a from {a.iloc[0]:.2f} (C {self.local['c_lo'].iloc[0]:.3g}-"
+                f"{self.local['c_hi'].iloc[0]:.3g}) to {a.iloc[-1]:.2f} (C "
+                f"{self.local['c_lo'].iloc[-1]:.3g}-{self.local['c_hi'].iloc[-1]:.3g})")
+        verdict = "rejected" if self.misfit else "consistent"
+        return (f"N_opt ∝ C^a {verdict}: chi2 {self.chi2:.1f} on {self.dof} dof (p = "
+                f"{self.p_value:.2g}), curvature {self.curvature:+.3f} ± {self.curvature_se:.3f} "
+                f"per (ln C)^2, {bend}")
+
+
+def check_power_law(budgets: pd.DataFrame) -> PowerLawCheck | None:
+    """:class:`PowerLawCheck` of the usable budgets of an :class:`IsoFlopFit` table; None
+    without >= 3 usable budgets with measured vertex errors (``log_n_sd``: needs >= 2 seeds)."""
+    ok = budgets[~budgets["flagged"]].sort_values("budget")
+    sd = ok["log_n_sd"].to_numpy(float)
+    if len(ok) < 3 or not np.all(np.isfinite(sd) & (sd > 0)):
+        return None
+    x, y = np.log(ok["budget"].to_numpy(float)), np.log(ok["N_opt"].to_numpy(float))
+    line = np.polyfit(x, y, 1, w=1 / sd)
+    chi2 = float(np.sum(((y - np.polyval(line, x)) / sd) ** 2))
+    dof = len(ok) - 2
+    curve, cov = np.polyfit(x, y, 2, w=1 / sd, cov="unscaled")
+    dx = np.diff(x)
+    local = pd.DataFrame({"c_lo": ok["budget"].to_numpy()[:-1], "c_hi": ok["budget"].to_numpy()[1:],
+                          "a": np.diff(y) / dx, "a_se": np.hypot(sd[:-1], sd[1:]) / dx})
+    return PowerLawCheck(chi2=chi2, dof=dof, p_value=float(stats.chi2.sf(chi2, dof)),
+                         curvature=float(curve[0]), curvature_se=float(np.sqrt(cov[0, 0])),
+                         local=local)
+
+
+@dataclass
 class IsoFlopFit(_OptimumExponents):
     """Approach 2 result.
 
@@ -117,6 +181,10 @@ class IsoFlopFit(_OptimumExponents):
     @property
     def usable(self) -> pd.DataFrame:
         return self.budgets[~self.budgets["flagged"]]
+
+    @property
+    def power_law_check(self) -> PowerLawCheck | None:
+        return check_power_law(self.budgets)
 
 
 def fit_budget_parabola(n, loss, sigma=None) -> tuple[np.ndarray, float, str]:

@@ -235,11 +235,12 @@ def _noise_md(vf: VariantFit, results: ScalingResults) -> list[str]:
         lo, hi = int(r["n_rep"].min()), int(r["n_rep"].max())
         out.append(f"- Seed spread: {lo if lo == hi else f'{lo}-{hi}'} seeds per "
                    f"point; the standard deviation across seeds is median {sd.median():.3%}, max "
-                   f"{sd.max():.3%} of the loss. The fits use each point's mean over its seeds; "
-                   f"the {results.options.n_boot} bootstrap replicates resample each point's "
-                   "seeds, each resampled mean's deviation scaled by sqrt(n/(n-1)) so its "
-                   "variance is s^2/n (fixed design: the same points, their noise measured, not "
-                   "assumed).")
+                   f"{sd.max():.3%} of the loss. The fits use each point's mean over its seeds. "
+                   "Each point's seed sd comes from a smooth model, log sd = c0 + c1 log N + "
+                   "c2 log D, fitted to all points' sample sds (one point's few seeds are too "
+                   f"noisy a measure of it); the {results.options.n_boot} bootstrap replicates "
+                   "rebuild each point's mean from draws of the pooled seed residuals, scaled by "
+                   "that sd (fixed design: the same points, their noise measured, not assumed).")
     else:
         out.append("- One seed per point: the bootstrap resamples points within each budget "
                    "(Approach 2) or over all points (Approach 3). Use sweep.seeds=K to measure "
@@ -251,7 +252,7 @@ def _noise_md(vf: VariantFit, results: ScalingResults) -> list[str]:
 def _weights_line(vf: VariantFit, results: ScalingResults) -> str:
     """How the measured noise entered the fits (FitOptions.weights)."""
     if results.options.noise_weighted and measured_sigma(vf.runs) is not None:
-        return ("- Weights: each point's standard error sigma = sqrt(seed sd^2 / n + held-out "
+        return ("- Weights: each point's standard error sigma = sqrt(modelled seed sd^2 / n + held-out "
                 "se^2). Approach 2's parabolas are weighted least squares (1/sigma) and its power "
                 "laws weight each budget's vertex by the inverse of its standard error (delta "
                 "method); Approach 3 multiplies each log residual by median(sigma/L) / (sigma/L). "
@@ -259,6 +260,26 @@ def _weights_line(vf: VariantFit, results: ScalingResults) -> str:
                 "the choice of functional forms. Unweighted: `scalelab-fit --weights none`.")
     why = "weights=none" if not results.options.noise_weighted else "the noise was not measured (one seed)"
     return f"- Unweighted fits ({why}): every point counts the same."
+
+
+def _power_law_md(vf: VariantFit) -> list[str]:
+    """Approach 2's test of its own model: do the vertices lie on one power law?"""
+    check = vf.approach2.power_law_check if vf.approach2 is not None else None
+    if check is None:
+        return ["**Does N_opt follow a power law?** Not tested: that needs >= 3 usable budgets and "
+                "the vertices' errors (>= 2 seeds per point).", ""]
+    out = [f"**Does N_opt follow a power law?** {check.summary()}.", "",
+           _md_table(check.local.assign(a_ci95=1.96 * check.local["a_se"]).drop(columns="a_se")), ""]
+    est = vf.estimates.get("approach2.a")
+    if check.misfit and est is not None and np.isfinite(est.lo):
+        half = check.scale * (est.hi - est.lo) / 2
+        out += [f"The vertices bend more than their errors allow, so Approach 2's interval for a "
+                f"(which assumes one power law) is too narrow: scaled by the misfit "
+                f"(x{check.scale:.1f}) it is ±{half:.3f}. Over a bend, a depends on which budgets "
+                "the study spans, and Approaches 2 and 3 average it differently, so they need not "
+                "agree. Beyond the largest budget, the local exponent at the top of the range is "
+                "the one to extrapolate with.", ""]
+    return out
 
 
 def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) -> list[str]:
@@ -291,6 +312,7 @@ def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) 
         if len(flagged):
             out += ["**Flagged and excluded:** " + "; ".join(
                 f"C={r.budget:.3g} ({r.reason})" for r in flagged.itertuples()), ""]
+        out += _power_law_md(vf)
     ex = vf.extrapolation
     if ex is not None:
         out += ["### Extrapolation check", "",
