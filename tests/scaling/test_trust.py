@@ -4,6 +4,8 @@ multipliers and the fixed held-out set. Synthetic data of known truth; no mocks.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -278,6 +280,49 @@ def test_clip_sizes_drops_targets_below_the_smallest_shape():
     with pytest.raises(ValueError, match="clip_sizes left"):
         make_plan(SweepSpec(**dict(spec, budgets=[1e8]), clip_sizes=True), FAMILY, BASE,
                   tokens_per_step=128)
+
+
+def test_fill_sizes_continues_a_clipped_grid_upward_to_k_sizes():
+    # this coarse family (widths in steps of 8) has few shapes at these budgets: the filled grid
+    # reaches D/N < 1, which min_tokens_per_param would refuse
+    spec = dict(budgets=[3e9, 3e10], sizes_per_budget=7, size_span=16.0, tokens_per_param=300.0,
+                min_steps=2, clip_sizes=True, min_tokens_per_param=0.1)
+    clipped = make_plan(SweepSpec(**spec), FAMILY, BASE, tokens_per_step=128)
+    filled = make_plan(SweepSpec(**spec, fill_sizes=True), FAMILY, BASE, tokens_per_step=128)
+    for budget in (3e9, 3e10):
+        old = [p.n_params_matmul for p in clipped.points if p.budget == budget]
+        new = [p.n_params_matmul for p in filled.points if p.budget == budget]
+        assert new == sorted(set(new)) and len(new) == 7
+        assert new[: len(old)] == old  # the clipped sizes stay; the added ones are all larger
+    assert len([p for p in clipped.points if p.budget == 3e9]) < 7  # there was something to fill
+    with pytest.raises(ValueError, match=r"fill_sizes=true needs sweep\.clip_sizes"):
+        SweepSpec(**dict(spec, clip_sizes=False), fill_sizes=True)
+
+
+def test_laws_from_applies_an_earlier_tune_stages_laws(tmp_path):
+    law = {"variants": {"default": {
+        "lr": {"coef": 0.3, "exponent": -0.25, "basis": "interior", "sizes": []},
+        "batch": {"coef": 40.0, "exponent": -0.3, "basis": "all", "sizes": []},
+        "beta2": {"best": 0.95, "table": []}}}}
+    path = tmp_path / "law.json"
+    path.write_text(json.dumps(law))
+    plan = _plan(laws_from=str(path))
+    by_hand = _plan().with_hparams({"default": {"lr": {"coef": 0.3, "exponent": -0.25},
+                                                "batch": {"coef": 40.0, "exponent": -0.3},
+                                                "beta2": 0.95}})
+    assert [p.point_id for p in plan.points] == [p.point_id for p in by_hand.points]
+    for p in plan.points:
+        assert p.lr == pytest.approx(0.3 * p.n_params_matmul ** -0.25) and p.beta2 == 0.95
+    assert {p.tokens_per_step for p in plan.points} != {512}  # B*(N) rebatched the points
+    with pytest.raises(ValueError, match=r"sweep\.laws_from=.*no such file"):
+        _plan(laws_from=str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"sweep\.laws_from=.*not a tune stage's law\.json"):
+        _plan(laws_from=str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match=r"no laws for variant\(s\) \['mlp=swiglu'\]"):
+        _plan(laws_from=str(path), variants={"mlp": ["swiglu"]})
+    with pytest.raises(ValueError, match="laws_from and sweep.lr_law both set"):
+        _plan(laws_from=str(path), lr_law={"coef": 0.1, "exponent": 0.0})
 
 
 def test_min_d_model_keeps_every_shape_at_or_above_the_narrowest_width():

@@ -19,6 +19,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from scalelab.model.accounting import N_CONVENTIONS
@@ -134,9 +135,16 @@ class SweepSpec:
     # a measured law lr*(N) = coef * N^exponent (e.g. from an earlier tune stage's law.json)
     # that sets every point's lr without tuning again; ignored when tune_lr_factors is set
     lr_law: dict[str, float] | None = None
+    # an earlier tune stage's law.json: its lr*(N), B*(N) and beta2 for every point of each
+    # variant (a study extended to new budgets or sizes keeps the hyperparameters it was tuned
+    # with); ignored when tune_lr_factors is set
+    laws_from: str | None = None
     # drop the targets below the family's smallest shape, and repeated shapes, instead of
     # failing (tiny budgets whose optimum sits near the smallest model); >= 3 sizes must remain
     clip_sizes: bool = False
+    # with clip_sizes: continue a clipped curve's size grid upward (same log spacing) until it
+    # has sizes_per_budget distinct shapes again
+    fill_sizes: bool = False
 
     def __post_init__(self) -> None:
         self._check_choices()
@@ -203,7 +211,7 @@ class SweepSpec:
                              "[0.25,0.5,1,2,4]; [] turns the tune stage off")
         self._check_later_rounds()
         missing = sorted(set(self.tune_budgets) - set(self.budgets))
-        if missing and self.mode == "isoflop":
+        if missing and self.mode == "isoflop" and self.tune_lr_factors:
             raise ValueError(f"sweep.tune_budgets has {missing}, which are not in sweep.budgets "
                              f"{self.budgets}: tune at budgets of the study")
         if self.lr_law is not None:
@@ -212,6 +220,15 @@ class SweepSpec:
                 raise ValueError(f"sweep.lr_law={self.lr_law!r}: give {{coef: c, exponent: k}} "
                                  "with c > 0 (lr = c * N^k), or null")
             self.lr_law = {"coef": float(law["coef"]), "exponent": float(law["exponent"])}
+        if self.laws_from is not None:
+            if self.lr_law is not None:
+                raise ValueError("sweep.laws_from and sweep.lr_law both set: keep one (laws_from "
+                                 "brings the lr law with the batch law and beta2)")
+            self.laws_from = str(self.laws_from)
+            read_laws(self.laws_from)  # a missing or malformed file fails here, before anything runs
+        if self.fill_sizes and not self.clip_sizes:
+            raise ValueError("sweep.fill_sizes=true needs sweep.clip_sizes=true (it refills what "
+                             "clipping dropped)")
 
     def _check_later_rounds(self) -> None:
         """The batch and beta2 rounds: grids that make sense, and the lr round they start from."""
@@ -656,7 +673,39 @@ def make_plan(
     plan.finalize()
     if spec.lr_law is not None and not spec.tune_lr_factors:
         return plan.with_lr_law(spec.lr_law["coef"], spec.lr_law["exponent"])
+    if spec.laws_from is not None and not spec.tune_lr_factors:
+        laws = read_laws(spec.laws_from)
+        missing = [v for v in plan.variants if v not in laws]
+        if missing:
+            raise ValueError(f"sweep.laws_from={spec.laws_from}: no laws for variant(s) {missing} "
+                             f"(the file has {sorted(laws)}); tune them or drop sweep.laws_from")
+        return plan.with_hparams({v: laws[v] for v in plan.variants})
     return plan
+
+
+def read_laws(path: str) -> dict[str, dict[str, Any]]:
+    """The per-variant hyperparameters of a tune stage's law.json, in the form
+    :meth:`Plan.with_hparams` takes. Raises ValueError naming sweep.laws_from."""
+    where = f"sweep.laws_from={path}"
+    try:
+        variants = json.loads(Path(path).read_text())["variants"]
+        out: dict[str, dict[str, Any]] = {}
+        for name, laws in variants.items():
+            hp: dict[str, Any] = {k: {"coef": float(laws[k]["coef"]),
+                                      "exponent": float(laws[k]["exponent"])}
+                                  for k in ("lr", "batch") if k in laws}
+            if "beta2" in laws:
+                hp["beta2"] = float(laws["beta2"]["best"])
+            out[str(name)] = hp
+    except FileNotFoundError:
+        raise ValueError(f"{where}: no such file; give the law.json of an earlier sweep's tune "
+                         "stage (sweeps/<name>/tune/law.json)") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{where}: not a tune stage's law.json ({type(e).__name__}: {e}); "
+                         "expected {\"variants\": {name: {\"lr\": {coef, exponent}, ...}}}") from None
+    if not out or not all(hp.get("lr") for hp in out.values()):
+        raise ValueError(f"{where}: every variant needs at least an lr law (lr: {{coef, exponent}})")
+    return out
 
 
 def _check_mup_lr_rule(spec: SweepSpec, model: dict[str, Any]) -> None:
@@ -791,6 +840,12 @@ def _isoflop_points(spec: SweepSpec, family: FamilyConfig, base: dict[str, Any],
     if spec.clip_sizes:
         unique: dict[tuple[int, int], ModelConfig] = {}
         for cfg in shapes:
+            unique.setdefault((cfg.n_layers, cfg.d_model), cfg)
+        step = 2 * half / (k - 1) if k > 1 else 0.0
+        for j in range(1, 2 * k if spec.fill_sizes and step else 0):  # the grid, continued upward
+            if len(unique) >= k:
+                break
+            cfg = shape_for(centre * math.exp(half + j * step), family, base, spec.n_convention)
             unique.setdefault((cfg.n_layers, cfg.d_model), cfg)
         shapes = sorted(unique.values(), key=lambda c: _n_of(c, spec.n_convention))
         if len(shapes) < 3:
