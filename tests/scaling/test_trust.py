@@ -13,7 +13,7 @@ import torch
 
 from scalelab.model import Transformer
 from scalelab.model.config import ModelConfig
-from scalelab.scaling import FitOptions, fit_scaling_laws
+from scalelab.scaling import FitOptions, fit_scaling_laws, write_report
 from scalelab.scaling.fit import compute_multiplier, endpoint_curves, optimal_loss_at
 from scalelab.scaling.fit_synthetic import (
     CHINCHILLA,
@@ -321,8 +321,15 @@ def test_laws_from_applies_an_earlier_tune_stages_laws(tmp_path):
         _plan(laws_from=str(tmp_path / "bad.json"))
     with pytest.raises(ValueError, match=r"no laws for variant\(s\) \['mlp=swiglu'\]"):
         _plan(laws_from=str(path), variants={"mlp": ["swiglu"]})
-    with pytest.raises(ValueError, match="laws_from and sweep.lr_law both set"):
+    with pytest.raises(ValueError, match=r"laws_from and sweep\.lr_law both set"):
         _plan(laws_from=str(path), lr_law={"coef": 0.1, "exponent": 0.0})
+    # the report says where the hyperparameters came from
+    results = fit_scaling_laws(isoflop_runs(budgets=(1e17, 1e18, 1e19), sizes_per_budget=5),
+                               options=FitOptions(approaches=[2], n_boot=0, extrapolate=False))
+    write_report(results, tmp_path / "report", laws_from=(str(path), plan.tuned))
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert f"sweep.laws_from={path}" in text
+    assert "lr\\*(N) = 0.3 · N^-0.250; B\\*(N) = 40 · N^-0.300 sequences; β2 = 0.95" in text
 
 
 def test_min_d_model_keeps_every_shape_at_or_above_the_narrowest_width():

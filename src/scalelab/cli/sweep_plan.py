@@ -88,6 +88,8 @@ def _lr_text(plan: Any) -> str:
         if batch:
             out += ", " + ", ".join(_law_text(law, "B") + (f" ({v})" if len(batch) > 1 else "")
                                     for v, law in batch.items()) + " sequences"
+        if study.laws_from and not study.tune_lr_factors:
+            out += f" (sweep.laws_from={study.laws_from})"
         return out
     if plan.lr_law:
         return f"{_law_text(plan.lr_law, 'lr')} (sweep.lr_law)"

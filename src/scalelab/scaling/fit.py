@@ -197,10 +197,11 @@ def _resample_replicates(reps: pd.DataFrame, points: pd.DataFrame,
     only 10 distinct means and intervals too narrow (tests/scaling/test_seed_noise.py)."""
     index = {g: i for i, g in enumerate(points["group_id"])}
     rows = reps["group_id"].map(index).to_numpy()
-    sd = points["seed_sd"].to_numpy(float)
+    sd = np.nan_to_num(points["seed_sd"].to_numpy(float))  # no spread measured: the mean stays
     n = points["n_rep"].to_numpy(float)
     mean = points["loss"].to_numpy(float)
-    resid = (reps["loss"].to_numpy(float) - mean[rows]) / sd[rows] * np.sqrt(n / (n - 1))[rows]
+    dev = (reps["loss"].to_numpy(float) - mean[rows]) * np.sqrt(n / (n - 1))[rows]
+    resid = np.divide(dev, sd[rows], out=np.zeros_like(dev), where=sd[rows] > 0)
     draws = rng.choice(resid, size=(len(points), int(n.max())), replace=True)
     take = np.arange(draws.shape[1])[None, :] < n[:, None]  # n_rep draws per point
     return points.assign(loss=mean + sd * (draws * take).sum(axis=1) / n)

@@ -841,12 +841,9 @@ def _isoflop_points(spec: SweepSpec, family: FamilyConfig, base: dict[str, Any],
         unique: dict[tuple[int, int], ModelConfig] = {}
         for cfg in shapes:
             unique.setdefault((cfg.n_layers, cfg.d_model), cfg)
-        step = 2 * half / (k - 1) if k > 1 else 0.0
-        for j in range(1, 2 * k if spec.fill_sizes and step else 0):  # the grid, continued upward
-            if len(unique) >= k:
-                break
-            cfg = shape_for(centre * math.exp(half + j * step), family, base, spec.n_convention)
-            unique.setdefault((cfg.n_layers, cfg.d_model), cfg)
+        if spec.fill_sizes and k > 1:
+            _fill_upward(unique, centre * math.exp(half), 2 * half / (k - 1), k, family, base,
+                         spec.n_convention)
         shapes = sorted(unique.values(), key=lambda c: _n_of(c, spec.n_convention))
         if len(shapes) < 3:
             raise ValueError(f"budget C={budget:.3g} (variant {label}): sweep.clip_sizes left "
@@ -864,6 +861,21 @@ def _isoflop_points(spec: SweepSpec, family: FamilyConfig, base: dict[str, Any],
         tokens = budget / cfg.flops_per_token(seq_len=seq_len)
         out.append(_point(cfg, budget, tokens, tps, label, vmodel, extra, i, seq_len))
     return out
+
+
+def _fill_upward(shapes: dict[tuple[int, int], ModelConfig], top: float, log_step: float, k: int,
+                 family: FamilyConfig, base: dict[str, Any], convention: str) -> None:
+    """Add shapes at targets top * e^(j log_step), j = 1, 2, ... (the grid continued above its
+    largest target) until ``shapes`` has k distinct ones; at most 2k tries, and none past the
+    family's widest shape."""
+    for j in range(1, 2 * k):
+        if len(shapes) >= k:
+            return
+        try:
+            cfg = shape_for(top * math.exp(j * log_step), family, base, convention)
+        except ValueError:  # beyond the family's largest shape
+            return
+        shapes.setdefault((cfg.n_layers, cfg.d_model), cfg)
 
 
 def _grid_points(spec: SweepSpec, family: FamilyConfig, base: dict[str, Any], tps: int,

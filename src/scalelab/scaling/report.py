@@ -267,7 +267,7 @@ def _power_law_md(vf: VariantFit) -> list[str]:
     check = vf.approach2.power_law_check if vf.approach2 is not None else None
     if check is None:
         return ["**Does N_opt follow a power law?** Not tested: that needs >= 3 usable budgets and "
-                "the vertices' errors (>= 2 seeds per point).", ""]
+                "the vertices' errors (>= 2 seeds per point and noise weights).", ""]
     out = [f"**Does N_opt follow a power law?** {check.summary()}.", "",
            _md_table(check.local.assign(a_ci95=1.96 * check.local["a_se"]).drop(columns="a_se")), ""]
     est = vf.estimates.get("approach2.a")
@@ -358,10 +358,12 @@ def _tune_md(tune, out: Path) -> list[str]:
 
 
 def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
-                 runs_detail=None, lr_law: dict | None = None) -> list[Path]:
+                 runs_detail=None, lr_law: dict | None = None,
+                 laws_from: tuple[str, dict] | None = None) -> list[Path]:
     """Write PNG plots and ``report.md`` into out_dir; return the written paths.
 
     ``plan``: optional DataFrame (or records) of the sweep plan, shown as the first table.
+    ``laws_from``: (path, per-variant laws) when sweep.laws_from set the hyperparameters.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -377,6 +379,18 @@ def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
                f"Every point's peak lr from the measured law lr\\*(N) = {lr_law['coef']:.4g} · "
                f"N^{lr_law['exponent']:.3f} (sweep.lr_law, e.g. an earlier tune stage's law.json).",
                ""]
+    elif laws_from:
+        path, laws = laws_from
+        md += ["## Hyperparameters per size", "",
+               f"Every point's hyperparameters from an earlier tune stage (sweep.laws_from={path}):", ""]
+        for variant, law in laws.items():
+            parts = [f"lr\\*(N) = {law['lr']['coef']:.4g} · N^{law['lr']['exponent']:.3f}"]
+            if "batch" in law:
+                parts.append(f"B\\*(N) = {law['batch']['coef']:.4g} · N^{law['batch']['exponent']:.3f} sequences")
+            if "beta2" in law:
+                parts.append(f"β2 = {law['beta2']:g}")
+            md.append(f"- `{variant}`: " + "; ".join(parts))
+        md.append("")
     for vf in results.variants.values():
         plots = _variant_plots(results, vf, out)
         written += [out / name for name in plots.values()]
