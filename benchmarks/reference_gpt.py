@@ -68,7 +68,9 @@ class Block(nn.Module):
         if self.swiglu:
             g, u = h.chunk(2, dim=-1)
             return self.out(F.silu(g) * u)
-        return self.out(F.relu(h) if self.act == "relu" else F.gelu(h, approximate="tanh"))
+        if self.act == "relu":
+            return self.out(F.relu(h))
+        return self.out(F.gelu(h, approximate="none" if self.act == "gelu_exact" else "tanh"))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         if self.pre:

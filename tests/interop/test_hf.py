@@ -41,6 +41,11 @@ def _hf_models() -> dict[str, object]:
         "bert": lambda: t.BertForMaskedLM(t.BertConfig(
             **small, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=64, hidden_act="gelu_new", type_vocab_size=2)),
+        "bert_exact_gelu": lambda: t.BertForMaskedLM(t.BertConfig(
+            **small, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=64, hidden_act="gelu", type_vocab_size=2)),
+        "gpt2_exact_gelu": lambda: t.GPT2LMHeadModel(t.GPT2Config(
+            **small, n_embd=32, n_layer=1, n_head=4, n_positions=64, activation_function="gelu")),
         "bert_untied": lambda: t.BertForMaskedLM(t.BertConfig(
             **small, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=64, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=False)),
@@ -56,6 +61,7 @@ def test_random_hf_model_round_trip_keeps_logits(tmp_path: Path, name: str) -> N
             p.add_(torch.randn_like(p) * 0.05)
     hf.eval().save_pretrained(tmp_path / "hf")
     family, ours = import_hf(f"hf:{tmp_path / 'hf'}")
+    assert ours.cfg.mlp in ("swiglu", "gelu_exact" if "exact_gelu" in name else "gelu")
     ids = probe_ids(ours.cfg)
     assert max_logit_diff(ours, hf, ids) <= TOL
     if "gqa" in name or "mqa" in name:
@@ -69,10 +75,13 @@ def test_random_hf_model_round_trip_keeps_logits(tmp_path: Path, name: str) -> N
 
 @pytest.mark.parametrize("kw", [
     dict(tie_embeddings=False),  # GPT-2 with its own output layer
+    dict(mlp="gelu_exact"),  # GPT-2 with the exact GELU
     dict(norm="rmsnorm", mlp="swiglu", position="rope", bias=False, n_kv_heads=1,
          tie_embeddings=False, rope_base=1234.0, norm_eps=1e-6),  # Llama MQA
     dict(arch="encoder", norm_position="post", embed_norm=True, mlm_head=True,
          tie_embeddings=False, norm_eps=1e-12),  # BERT, untied (decoder bias != cls bias)
+    dict(arch="encoder", norm_position="post", embed_norm=True, mlm_head=True, mlp="gelu_exact",
+         norm_eps=1e-12),  # BERT as Hugging Face's default hidden_act="gelu" has it
 ])
 def test_our_model_exports_and_imports_back_exactly(tmp_path: Path, kw: dict) -> None:
     from scalelab.model import Transformer
@@ -122,10 +131,10 @@ def test_import_refuses_pickles_and_inexpressible_fields(tmp_path: Path) -> None
     (tmp_path / "bin" / "model.safetensors").rename(tmp_path / "bin" / "pytorch_model.bin")
     with pytest.raises(FileNotFoundError, match="pickles are never loaded"):
         import_hf(tmp_path / "bin")
-    hf.config.activation_function = "gelu"  # exact erf GELU: ours is the tanh form
-    hf.save_pretrained(tmp_path / "erf")
-    with pytest.raises(NoEquivalentError, match="activation_function='gelu'"):
-        import_hf(tmp_path / "erf")
+    hf.config.activation_function = "relu"  # GPT-2 with ReLU: not one of our GELUs
+    hf.save_pretrained(tmp_path / "relu")
+    with pytest.raises(NoEquivalentError, match="activation_function='relu'.*mlp=gelu_exact"):
+        import_hf(tmp_path / "relu")
 
 
 def test_tokenizers_convert_with_identical_ids(shared_data_dir: Path) -> None:

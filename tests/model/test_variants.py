@@ -63,6 +63,20 @@ def test_geglu_is_gelu_gated() -> None:
     torch.testing.assert_close(mlp(x), expected)
 
 
+def test_gelu_exact_is_the_erf_gelu_in_the_mlp_and_the_mlm_head() -> None:
+    cfg = tiny(mlp="gelu_exact")
+    mlp = MLP_CLASSES["gelu_exact"](cfg)
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(mlp(x), mlp.down(F.gelu(mlp.up(x))))
+    tanh = MLP_CLASSES["gelu"](tiny())
+    tanh.load_state_dict(mlp.state_dict())  # same weights and layout: only the activation differs
+    assert 0 < float((tanh(x) - mlp(x)).detach().abs().max()) < 1e-3
+    from scalelab.model.mlp import MLMTransform
+
+    head = MLMTransform(cfg)
+    torch.testing.assert_close(head(x), head.norm(F.gelu(head.dense(x))))
+
+
 def test_swiglu_is_silu_gated() -> None:
     mlp = MLP_CLASSES["swiglu"](tiny(mlp="swiglu"))
     x = torch.randn(2, 5, 32)

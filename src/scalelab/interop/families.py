@@ -1,9 +1,9 @@
 """Which Hugging Face class a ModelConfig maps onto, and the weight maps both ways.
 
 Three families, matched by the options that change the computation:
-  gpt2   pre-LN LayerNorm decoder, GELU (tanh), learned positions, biases -> GPT2LMHeadModel
+  gpt2   pre-LN LayerNorm decoder, GELU (tanh or exact), learned positions, biases -> GPT2LMHeadModel
   llama  pre-RMSNorm decoder, SwiGLU, RoPE (half-split, as HF's rotate_half) -> LlamaForCausalLM
-  bert   post-LN LayerNorm encoder, GELU (tanh), learned positions, biases, an embedding
+  bert   post-LN LayerNorm encoder, GELU (tanh or exact), learned positions, biases, an embedding
          LayerNorm and BERT's MLM transform (model.embed_norm, model.mlm_head) -> BertForMaskedLM
 Weights are mapped by our state_dict() KEYS only, so a module that fuses projections
 internally but keeps the keys (helper "perf") needs no change here. This module imports
@@ -19,8 +19,11 @@ import torch
 
 from scalelab.model import ModelConfig
 
-# GELU flavours HF spells for the tanh approximation our MLP uses (model/mlp.py)
+# GELU flavours as HF spells them: the tanh approximation (our mlp: gelu) and the exact erf form
+# (our mlp: gelu_exact)
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
+EXACT_GELUS = ("gelu",)
+GELU_MLPS = ("gelu", "gelu_exact")
 HF_CLASS = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "bert": "BertForMaskedLM"}
 
 
@@ -32,20 +35,25 @@ class NoEquivalentError(ValueError):
 _COMMON = {"scale_embeddings": False, "parametrization": "standard"}
 _REQUIRED: dict[str, dict[str, Any]] = {
     "gpt2": {**_COMMON, "arch": "decoder", "norm_position": "pre", "norm": "layernorm",
-             "mlp": "gelu", "position": "learned", "bias": True, "final_norm": True,
+             "mlp": GELU_MLPS, "position": "learned", "bias": True, "final_norm": True,
              "embed_norm": False, "mlm_head": False},
     "llama": {**_COMMON, "arch": "decoder", "norm_position": "pre", "norm": "rmsnorm",
               "mlp": "swiglu", "position": "rope", "final_norm": True, "embed_norm": False,
               "mlm_head": False},
     "bert": {**_COMMON, "arch": "encoder", "norm_position": "post", "norm": "layernorm",
-             "mlp": "gelu", "position": "learned", "bias": True, "final_norm": False,
+             "mlp": GELU_MLPS, "position": "learned", "bias": True, "final_norm": False,
              "embed_norm": True, "mlm_head": True},
 }
 
 
+def _options(required: Any) -> tuple[Any, ...]:
+    """A required value, or a tuple of accepted ones."""
+    return required if isinstance(required, tuple) else (required,)
+
+
 def _blockers(cfg: ModelConfig, family: str) -> list[str]:
-    out = [f"model.{k}={getattr(cfg, k)!r} (needs {v!r})"
-           for k, v in _REQUIRED[family].items() if getattr(cfg, k) != v]
+    out = [f"model.{k}={getattr(cfg, k)!r} (needs {' or '.join(map(repr, _options(v)))})"
+           for k, v in _REQUIRED[family].items() if getattr(cfg, k) not in _options(v)]
     if family == "gpt2" and cfg.kv_heads != cfg.n_heads:
         out.append(f"model.n_kv_heads={cfg.kv_heads} (GPT-2 has no GQA: needs n_heads)")
     return out

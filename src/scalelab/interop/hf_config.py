@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalelab.interop.families import TANH_GELUS, NoEquivalentError, family_of
+from scalelab.interop.families import EXACT_GELUS, TANH_GELUS, NoEquivalentError, family_of
 from scalelab.model import ModelConfig
 
 FAMILY_OF_MODEL_TYPE = {"gpt2": "gpt2", "llama": "llama", "bert": "bert"}
@@ -29,6 +29,17 @@ def _rope_theta(hf: dict[str, Any]) -> float:
     return float(rp.get("rope_theta", hf.get("rope_theta", 10000.0)))
 
 
+def _gelu_mlp(hf: dict[str, Any], key: str, default: str) -> str:
+    """Our mlp for HF's GELU flavour: tanh -> gelu, exact erf -> gelu_exact."""
+    _need(hf, key, TANH_GELUS + EXACT_GELUS, "scalelab has the tanh GELU (mlp=gelu) and the "
+          "exact one (mlp=gelu_exact)", default)
+    return "gelu_exact" if hf.get(key, default) in EXACT_GELUS else "gelu"
+
+
+def _hf_gelu(cfg: ModelConfig) -> str:
+    return "gelu" if cfg.mlp == "gelu_exact" else "gelu_pytorch_tanh"
+
+
 def model_config_from_hf(hf: dict[str, Any]) -> tuple[str, ModelConfig]:
     """(family, ModelConfig) for a HF config.json dict of a GPT-2, Llama or BERT model."""
     model_type = hf.get("model_type")
@@ -37,8 +48,7 @@ def model_config_from_hf(hf: dict[str, Any]) -> tuple[str, ModelConfig]:
                                 f"{', '.join(FAMILY_OF_MODEL_TYPE)} only")
     family = FAMILY_OF_MODEL_TYPE[model_type]
     if family == "gpt2":
-        _need(hf, "activation_function", TANH_GELUS, "our GELU is the tanh approximation",
-              "gelu_new")
+        mlp = _gelu_mlp(hf, "activation_function", "gelu_new")
         _need(hf, "scale_attn_weights", (True,), "attention is always scaled by 1/sqrt(head_dim)",
               True)
         _need(hf, "scale_attn_by_inverse_layer_idx", (False,), "no per-layer attention scaling",
@@ -48,7 +58,7 @@ def model_config_from_hf(hf: dict[str, Any]) -> tuple[str, ModelConfig]:
         d = int(hf["n_embd"])
         fields = dict(arch="decoder", vocab_size=int(hf["vocab_size"]),
                       max_seq_len=int(hf["n_positions"]), d_model=d, n_layers=int(hf["n_layer"]),
-                      n_heads=int(hf["n_head"]), d_ff=int(hf.get("n_inner") or 4 * d), mlp="gelu",
+                      n_heads=int(hf["n_head"]), d_ff=int(hf.get("n_inner") or 4 * d), mlp=mlp,
                       norm="layernorm", norm_position="pre",
                       norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), position="learned",
                       bias=True, tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
@@ -73,15 +83,14 @@ def model_config_from_hf(hf: dict[str, Any]) -> tuple[str, ModelConfig]:
                       position="rope", rope_base=_rope_theta(hf), bias=bias,
                       tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
     else:
-        _need(hf, "hidden_act", TANH_GELUS, "our GELU is the tanh approximation (BERT's "
-              "original 'gelu' is the exact erf form)", "gelu")
+        mlp = _gelu_mlp(hf, "hidden_act", "gelu")
         _need(hf, "position_embedding_type", ("absolute",), "only absolute learned positions",
               "absolute")
         _need(hf, "is_decoder", (False,), "a BERT encoder only", False)
         fields = dict(arch="encoder", vocab_size=int(hf["vocab_size"]),
                       max_seq_len=int(hf["max_position_embeddings"]), d_model=int(hf["hidden_size"]),
                       n_layers=int(hf["num_hidden_layers"]), n_heads=int(hf["num_attention_heads"]),
-                      d_ff=int(hf["intermediate_size"]), mlp="gelu", norm="layernorm",
+                      d_ff=int(hf["intermediate_size"]), mlp=mlp, norm="layernorm",
                       norm_position="post", norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
                       position="learned", bias=True, final_norm=False, embed_norm=True,
                       mlm_head=True, tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
@@ -99,7 +108,7 @@ def hf_config_kwargs(cfg: ModelConfig, pad_id: int | None = None, eos_id: int | 
     if family == "gpt2":
         kw = dict(vocab_size=cfg.vocab_size, n_positions=cfg.max_seq_len, n_embd=cfg.d_model,
                   n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff,
-                  activation_function="gelu_pytorch_tanh", layer_norm_epsilon=cfg.norm_eps,
+                  activation_function=_hf_gelu(cfg), layer_norm_epsilon=cfg.norm_eps,
                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tied,
                   bos_token_id=bos_id if bos_id is not None else eos_id, eos_token_id=eos_id,
                   pad_token_id=pad_id)
@@ -114,7 +123,7 @@ def hf_config_kwargs(cfg: ModelConfig, pad_id: int | None = None, eos_id: int | 
     else:
         kw = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
                   num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                  intermediate_size=cfg.d_ff, hidden_act="gelu_pytorch_tanh",
+                  intermediate_size=cfg.d_ff, hidden_act=_hf_gelu(cfg),
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                   max_position_embeddings=cfg.max_seq_len, type_vocab_size=1,
                   layer_norm_eps=cfg.norm_eps, tie_word_embeddings=tied,

@@ -101,6 +101,7 @@ _TWO_LAYER = MLPShape(n_in=1, hidden=Fraction(4), round_up=False)
 _GATED = MLPShape(n_in=2, hidden=Fraction(8, 3), round_up=True)
 MLPS: dict[str, MLPShape] = {
     "gelu": _TWO_LAYER,
+    "gelu_exact": _TWO_LAYER,
     "relu": _TWO_LAYER,
     "swiglu": _GATED,
     "geglu": _GATED,
