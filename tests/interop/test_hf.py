@@ -133,7 +133,7 @@ def test_import_refuses_pickles_and_inexpressible_fields(tmp_path: Path) -> None
         import_hf(tmp_path / "bin")
     hf.config.activation_function = "relu"  # GPT-2 with ReLU: not one of our GELUs
     hf.save_pretrained(tmp_path / "relu")
-    with pytest.raises(NoEquivalentError, match="activation_function='relu'.*mlp=gelu_exact"):
+    with pytest.raises(NoEquivalentError, match=r"activation_function='relu'.*mlp=gelu_exact"):
         import_hf(tmp_path / "relu")
 
 
