@@ -8,7 +8,7 @@ import pytest
 
 from scalelab.data import DataConfig, PreparedData, TokenizerConfig, prepare
 from scalelab.data.shards import _chunks, split_tail
-from scalelab.data.tokenizers import named_tokenizer
+from scalelab.data.tokenizers import named_tokenizer, tokenizer_from_spec
 
 from .conftest import write
 
@@ -101,6 +101,30 @@ def test_text_files_dirs_globs_and_eot_separators(tmp_path):
     train = np.asarray(p.tokens("train"))
     assert (train == p.tokenizer.eot_id).sum() == 2  # separators between the 3 documents
     assert p.tokenizer.decode(train).startswith("alpha alpha")
+
+
+def test_char_min_count_maps_rare_characters_to_one_id(tmp_path):
+    write(tmp_path / "a.txt", "ab" * 200 + "é€" + "ab" * 200)
+    cfg = DataConfig(name="text_files", paths=[str(tmp_path / "a.txt")], val_fraction=0.1)
+    tok_cfg = TokenizerConfig(name="char", char_min_count=2)
+    p = prepare(cfg, tok_cfg, tmp_path / "cache", progress=False)
+    tok = p.tokenizer
+    assert tok.chars == "ab\ufffd" and tok.vocab_size == 3 + 4
+    train = np.asarray(p.tokens("train"))
+    assert tok.decode(train).startswith("ab" * 200 + "\ufffd\ufffd" + "abab")
+    # rebuilt from the persisted spec (as a run or checkpoint does), unseen text still encodes
+    rebuilt = tokenizer_from_spec(p.meta["tokenizer"], p.dir)
+    assert rebuilt.encode("a日b") == tok.encode("a\ufffdb")
+    # the count floor is part of the cache key: the plain char vocabulary is another folder
+    plain = prepare(cfg, TokenizerConfig(name="char"), tmp_path / "cache", progress=False)
+    assert plain.dir != p.dir and plain.tokenizer.vocab_size == 4 + 4
+
+
+def test_char_min_count_is_checked():
+    with pytest.raises(ValueError, match=r"tokenizer.char_min_count=2: .*only applies to tokenizer=char"):
+        TokenizerConfig(name="byte", char_min_count=2)
+    with pytest.raises(ValueError, match=r"tokenizer.char_min_count=0"):
+        TokenizerConfig(name="char", char_min_count=0)
 
 
 def test_pystdlib_small_slice(tmp_path):

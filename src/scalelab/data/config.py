@@ -73,6 +73,9 @@ class TokenizerConfig:
     bpe_pattern: str | None = None
     # named encodings: seconds to wait for the one-time download before failing.
     download_timeout: float = 3.0
+    # char only: characters seen fewer times than this in the corpus become U+FFFD (one id),
+    # so a code corpus's few hundred rare symbols don't bloat a small model's vocabulary.
+    char_min_count: int = 1
 
     def __post_init__(self) -> None:
         _check_choice("tokenizer.name", self.name, TOKENIZER_NAMES)
@@ -87,6 +90,11 @@ class TokenizerConfig:
             )
         if float(self.download_timeout) <= 0:
             raise ValueError(f"tokenizer.download_timeout={self.download_timeout!r} must be > 0")
+        if int(self.char_min_count) < 1 or (self.name != "char" and int(self.char_min_count) != 1):
+            raise ValueError(
+                f"tokenizer.char_min_count={self.char_min_count!r}: it must be >= 1 and only "
+                f"applies to tokenizer=char (now {self.name})"
+            )
 
     def spec(self) -> dict[str, Any]:
         """The fields that change the ids (the cache key uses this)."""
@@ -97,6 +105,8 @@ class TokenizerConfig:
                 bpe_max_train_bytes=int(self.bpe_max_train_bytes),
                 bpe_pattern=self.bpe_pattern,
             )
+        if self.name == "char" and int(self.char_min_count) > 1:
+            d["char_min_count"] = int(self.char_min_count)
         return d
 
     def to_dict(self) -> dict[str, Any]:

