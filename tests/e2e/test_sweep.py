@@ -9,12 +9,14 @@ A killed sweep and its rerun are tests/e2e/test_sweep_kill.py.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
@@ -71,6 +73,11 @@ def test_cpu_tiny_sweep_then_rerun_trains_nothing(env):
     for f in ("plan.json", "plan.csv", "runs.csv", "curves.csv", "report/report.md"):
         assert (sweep_dir / f).is_file(), f
     assert list((sweep_dir / "report").glob("*.png"))
+    # every point says how many times it read the corpus's train split, and the report says it
+    runs = pd.read_csv(sweep_dir / "runs.csv")
+    train_tokens = json.loads((sweep_dir / "plan.json").read_text())["train_tokens"]
+    assert runs["epochs"].to_numpy() == pytest.approx(runs["D"].to_numpy() / train_tokens)
+    assert "- Data: every point trains on fresh tokens" in (sweep_dir / "report/report.md").read_text()
     client = MlflowClient(e["MLFLOW_TRACKING_URI"])
     arts = {a.path for a in client.list_artifacts(pid)}
     assert {"plan", "data", "report"} <= arts

@@ -81,3 +81,22 @@ def test_report_states_the_tuned_laws_with_their_plots(results, tmp_path):
                    t.batch.describe(), "**beta2 = 0.99**", "![tune stage](tune_hparams.png)",
                    "note: batch factor 4 dropped"):
         assert needle in md, needle
+
+
+@pytest.mark.parametrize(("epochs", "needle"), [
+    (None, None),
+    (0.5, "- Data: every point trains on fresh tokens (at most 0.50 epochs"),
+    (3.0, "- **Data repetition:** 14 of 14 points train on more tokens than the train split holds, "
+          "up to 3.0 epochs (3.0–3.0 at the largest budget)"),
+])
+def test_report_says_whether_points_repeated_their_data(tmp_path, epochs, needle):
+    runs = isoflop_runs(budgets=(1e18, 1e19), sizes_per_budget=7, noise=0.0, seed=0)
+    if epochs is not None:
+        runs["epochs"] = epochs
+    res = fit_scaling_laws(runs, options=FitOptions(approaches=[2], n_boot=0, extrapolate=False))
+    write_report(res, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    if needle is None:
+        assert "Data repetition" not in md and "fresh tokens" not in md
+    else:
+        assert needle in md

@@ -272,7 +272,7 @@ def _collect(parent: Any, plan: Any, spec: Any, settings: Any, sweep_dir: Path) 
     from scalelab.scaling.collect import collect
 
     collected = collect(parent, spec.n_convention, settings.flops_convention,
-                        point_ids={p.point_id for p in plan.points})
+                        point_ids={p.point_id for p in plan.points}, train_tokens=plan.train_tokens)
     atomic_write_text(sweep_dir / "runs.csv", collected.runs.to_csv(index=False))
     atomic_write_text(sweep_dir / "curves.csv", collected.curves.to_csv(index=False))
     parent.log_artifact(sweep_dir / "runs.csv", "data")

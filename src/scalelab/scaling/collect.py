@@ -91,8 +91,9 @@ def latest_finished(children: list[ChildRun]) -> dict[str, ChildRun]:
 
 def collect(parent: SweepParent, n_convention: str = "matmul",
             flops_convention: str = "attention", curves: bool = True,
-            point_ids: set[str] | None = None) -> Collected:
-    """Children of ``parent`` -> tables. ``point_ids`` limits them to the current plan."""
+            point_ids: set[str] | None = None, train_tokens: int | None = None) -> Collected:
+    """Children of ``parent`` -> tables. ``point_ids`` limits them to the current plan;
+    ``train_tokens`` (the corpus's train split) adds each run's ``epochs`` = D / train_tokens."""
     if n_convention not in N_COLUMNS:
         raise ValueError(f"n_convention={n_convention!r}: choose one of {', '.join(N_COLUMNS)}")
     if flops_convention not in C_COLUMNS:
@@ -113,6 +114,8 @@ def collect(parent: SweepParent, n_convention: str = "matmul",
         runs["C"] = runs[C_COLUMNS[flops_convention]]
         runs = runs[cols + [c for c in runs.columns if c not in cols]]
         runs = runs.sort_values(["variant", "budget", "N"]).reset_index(drop=True)
+        if train_tokens:
+            runs["epochs"] = runs["D"] / float(train_tokens)
 
     failed_rows = []
     for c in children:
@@ -176,7 +179,8 @@ def collect_runs(sweep: str | None = None, parent_run_id: str | None = None,
     """(runs, curves) of a sweep given by name or parent run id (for `scalelab-fit`)."""
     parent = find_parent(sweep, parent_run_id, tracking_uri)
     # only the points of the sweep's current plan (an earlier plan may have left other runs)
-    got = collect(parent, n_convention, flops_convention, point_ids=parent.plan_point_ids())
+    got = collect(parent, n_convention, flops_convention, point_ids=parent.plan_point_ids(),
+                  train_tokens=parent.train_tokens())
     if not got.runs.empty:  # the tune stage's lr grid is not part of the study's fits
         got.runs = got.runs[got.runs["stage"] == "main"].reset_index(drop=True)
         got.curves = got.curves[got.curves["run_id"].isin(got.runs["run_id"])]

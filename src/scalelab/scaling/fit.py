@@ -120,11 +120,13 @@ def point_means(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per point (seed replicates share a group_id): the mean loss, its seed spread
     (loss_sd, n_rep), the modelled seed spread (seed_sd, :func:`seed_sd_model`) and the held-out
     standard error (mean over replicates)."""
+    if "epochs" not in runs:  # a table from before epochs were recorded
+        runs = runs.assign(epochs=np.nan)
     g = runs.groupby("group_id", sort=False)
     out = g.agg(run_id=("run_id", "first"), variant=("variant", "first"), N=("N", "first"),
                 D=("D", "mean"), C=("C", "mean"), loss=("loss", "mean"), budget=("budget", "first"),
                 fpt=("fpt", "first"), loss_sd=("loss", "std"), n_rep=("loss", "size"),
-                loss_se=("loss_se", "mean")).reset_index()
+                loss_se=("loss_se", "mean"), epochs=("epochs", "mean")).reset_index()
     # The standard error of each point's mean: its seeds' spread over sqrt(n) and the held-out
     # set's own error. Measured only where every point has >= 2 seeds; otherwise nan (unweighted).
     out["seed_sd"], out["loss_sigma"] = np.nan, np.nan
@@ -133,7 +135,7 @@ def point_means(runs: pd.DataFrame) -> pd.DataFrame:
         se = out["loss_se"].fillna(0.0)
         out["loss_sigma"] = np.sqrt(out["seed_sd"] ** 2 / out["n_rep"] + se**2)
     return out[["run_id", "variant", "N", "D", "C", "loss", "budget", "fpt", "group_id", "loss_sd",
-                "n_rep", "seed_sd", "loss_se", "loss_sigma"]]
+                "n_rep", "seed_sd", "loss_se", "loss_sigma", "epochs"]]
 
 
 def seed_sd_model(points: pd.DataFrame) -> np.ndarray:

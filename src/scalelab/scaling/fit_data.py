@@ -152,8 +152,11 @@ def prepare_runs(runs, options: FitOptions | None = None, source: str | None = N
     out["group_id"] = df["group_id"].astype(str) if "group_id" in df.columns else out["run_id"]
     out["loss_se"] = pd.to_numeric(df["loss_se"], errors="coerce") if "loss_se" in df.columns \
         else np.nan
+    # epochs: D over the corpus's train split, when the sweep knew it (repeated data is worth less)
+    out["epochs"] = pd.to_numeric(df["epochs"], errors="coerce") if "epochs" in df.columns \
+        else np.nan
     out = out.reset_index(drop=True)[["run_id", "variant", "N", "D", "C", "loss", "budget", "fpt",
-                                      "group_id", "loss_se"]]
+                                      "group_id", "loss_se", "epochs"]]
     out.attrs["notes"] = notes
     return out
 

@@ -246,7 +246,25 @@ def _noise_md(vf: VariantFit, results: ScalingResults) -> list[str]:
                    "(Approach 2) or over all points (Approach 3). Use sweep.seeds=K to measure "
                    "the seed noise instead.")
     out.append(_weights_line(vf, results))
+    out += _repetition_lines(r)
     return [*out, ""]
+
+
+def _repetition_lines(points: pd.DataFrame) -> list[str]:
+    """Whether the points trained on fresh data: epochs = D / the corpus's train split."""
+    ep = points["epochs"].dropna() if "epochs" in points else pd.Series(dtype=float)
+    if ep.empty:
+        return []
+    if ep.max() <= 1.0:
+        return [f"- Data: every point trains on fresh tokens (at most {ep.max():.2f} epochs of "
+                "the train split)."]
+    top = points[points["budget"] == points["budget"].max()]["epochs"].dropna()
+    return [f"- **Data repetition:** {int((ep > 1).sum())} of {len(ep)} points train on more "
+            f"tokens than the train split holds, up to {ep.max():.1f} epochs ({top.min():.1f}–"
+            f"{top.max():.1f} at the largest budget). Repeated tokens are worth less than fresh "
+            "ones (Muennighoff et al. 2023), so the long runs of small models lose more than they "
+            "would on fresh data and N_opt(C) leans toward larger models at large budgets. A "
+            "bigger corpus removes this; sweep.allow_repeat=false refuses such plans."]
 
 
 def _weights_line(vf: VariantFit, results: ScalingResults) -> str:

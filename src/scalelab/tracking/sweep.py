@@ -150,6 +150,14 @@ class SweepParent:
             return None
         return {p["point_id"] for p in points}
 
+    def train_tokens(self) -> int | None:
+        """The corpus's train-split size the sweep planned with (its ``train_tokens`` param)."""
+        raw = self.client.get_run(self.run_id).data.params.get("train_tokens")
+        try:
+            return int(float(raw)) if raw not in (None, "None") else None
+        except ValueError:
+            return None
+
     def url(self) -> str:
         return run_url(self.tracking_uri, self.experiment_id, self.run_id)
 
