@@ -60,6 +60,13 @@ PRESETS: dict[str, list[str]] = {
     "llama": ["+experiment=llama_tiny_pystdlib"],  # RoPE, RMSNorm, SwiGLU, GQA
     "encoder": ["+experiment=bert_mlm_small"],  # MLM
     "encdec": ["+experiment=reverse_seq2seq"],
+    # one point of `scalelab-sweep sweep=cpu_medium` (C4e10-N5k: 5k parameters, 6 x 64 tokens a
+    # step): a sweep's steps are this small, so fixed per-step work decides its wall time
+    "sweep_point": ["model=gpt2_tiny", "data=pystdlib", "data.val_fraction=0.25", "tokenizer=char",
+                    "tokenizer.char_min_count=1000", "model.max_seq_len=64", "model.d_model=12",
+                    "model.n_layers=2", "model.n_heads=3", "train.global_batch_size=6",
+                    "optim.lr=0.02", "optim.warmup_steps=14", "optim.beta2=0.95",
+                    "callbacks.sample.enabled=false", "logger.log_checkpoint=false"],
 }
 GPU_COMMON = ["trainer=gpu", "trainer.precision=bf16-mixed", "train.compile=true",
               "optim.fused=true", "train.block_size=1024", "train.global_batch_size=16",
