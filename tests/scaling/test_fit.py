@@ -46,6 +46,22 @@ def test_extrapolation_small_on_clean_data():
     assert ex.predicted_n_opt == pytest.approx(ex.actual_n_opt, rel=0.25)
 
 
+def test_the_frontier_power_law_predicts_where_the_loss_has_no_floor():
+    # E = 0: L_opt(C) is exactly k C^-gamma with gamma = alpha beta / (alpha + beta), so the
+    # form-free check lands on the held-out minimum; with Chinchilla's E > 0 the loss flattens
+    # and the power law through the smaller budgets predicts too low a loss, where Approach 3,
+    # whose form is the truth here, does not
+    no_floor = {**CHINCHILLA, "E": 0.0}
+    gamma = no_floor["alpha"] * no_floor["beta"] / (no_floor["alpha"] + no_floor["beta"])
+    opts = FitOptions(approaches=(2, 3), grid="coarse", n_boot=0)
+    ex = fit_scaling_laws(isoflop_runs(sizes_per_budget=7, noise=0.0, law=no_floor),
+                          options=opts).variants["default"].extrapolation
+    assert abs(ex.frontier_error) < 0.01 and ex.frontier_gamma == pytest.approx(gamma, rel=0.05)
+    ex = fit_scaling_laws(isoflop_runs(sizes_per_budget=7, noise=0.0),
+                          options=opts).variants["default"].extrapolation
+    assert ex.frontier_error < -0.01 and abs(ex.rel_error) < 0.01
+
+
 def test_c_defaults_to_6nd_with_note_and_is_used_when_given():
     runs = isoflop_runs(budgets=(1e18, 1e19, 1e20), sizes_per_budget=5).drop(columns=["C", "budget"])
     t = prepare_runs(runs, FitOptions())

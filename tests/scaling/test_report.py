@@ -33,7 +33,8 @@ def test_report_files_and_sections(results, tmp_path):
     for needle in ("## Plan", "### Runs", "### Fitted parameters", "approach3.alpha", "tokens_per_param",
                    "Chinchilla (Hoffmann et al. 2022)", "Epoch AI replication", "406.4", "2085",
                    "### Extrapolation check", "Flagged and excluded", "C=1e+21", "![IsoFLOP profiles](isoflop.png)",
-                   "One FLOPs convention throughout", "### Points each approach used", "### Noise"):
+                   "One FLOPs convention throughout", "### Points each approach used", "### Noise",
+                   "Without a form in N and D: the power law L_opt"):
         assert needle in md, needle
 
 

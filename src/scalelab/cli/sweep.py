@@ -341,9 +341,11 @@ def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, p
                 break
         if ex is not None:
             metrics[f"fit/{prefix}extrapolation_rel_error"] = ex.rel_error
+            metrics[f"fit/{prefix}extrapolation_frontier_rel_error"] = ex.frontier_error
             lines.append(f"extrapolation{tag}: fit without C={ex.held_out_budget:.3g} predicts "
                          f"{ex.predicted_loss:.4f}, actual {ex.actual_loss:.4f} "
-                         f"({ex.actual_source}): error {ex.rel_error:+.2%}")
+                         f"({ex.actual_source}): error {ex.rel_error:+.2%}; the power law through "
+                         f"the other IsoFLOP minima: {ex.frontier_error:+.2%}")
         else:
             lines.append(f"extrapolation{tag}: needs >= 3 budgets (and >= 5 runs below the "
                          "largest)")

@@ -57,6 +57,14 @@ class ExtrapolationCheck:
     rel_error: float  # (predicted - actual) / actual
     predicted_n_opt: float = float("nan")  # Approach 2 power law without the budget
     actual_n_opt: float = float("nan")  # the held-out budget's parabola vertex
+    # a second predictor that assumes no functional form in N and D: the power law
+    # L_opt = k C^-gamma through the other budgets' IsoFLOP minima (Kaplan's L(C))
+    frontier_loss: float = float("nan")
+    frontier_gamma: float = float("nan")
+
+    @property
+    def frontier_error(self) -> float:
+        return (self.frontier_loss - self.actual_loss) / self.actual_loss
 
 
 @dataclass
@@ -278,13 +286,26 @@ def _extrapolate(vf: VariantFit, opts: FitOptions) -> ExtrapolationCheck | None:
         if len(row) and not bool(row["flagged"].iloc[0]):
             actual, source = float(row["loss_opt"].iloc[0]), "IsoFLOP parabola minimum"
             n_actual = float(row["N_opt"].iloc[0])
-    n_pred = float("nan")
+    n_pred, frontier, gamma = float("nan"), float("nan"), float("nan")
     if vf.approach2 is not None:
         with contextlib.suppress(FitInputError):
-            n_pred = float(fit_isoflop(train, opts.min_sizes_per_budget, opts.noise_weighted).n_opt(held))
+            iso = fit_isoflop(train, opts.min_sizes_per_budget, opts.noise_weighted)
+            n_pred = float(iso.n_opt(held))
+            frontier, gamma = _frontier_prediction(iso.budgets, held)
     return ExtrapolationCheck(held_out_budget=held, n_train_points=len(train), predicted_loss=predicted,
                               actual_loss=actual, actual_source=source, rel_error=(predicted - actual) / actual,
-                              predicted_n_opt=n_pred, actual_n_opt=n_actual)
+                              predicted_n_opt=n_pred, actual_n_opt=n_actual,
+                              frontier_loss=frontier, frontier_gamma=gamma)
+
+
+def _frontier_prediction(budgets: pd.DataFrame, held: float) -> tuple[float, float]:
+    """(L_opt at ``held``, gamma) from ln L_opt = c - gamma ln C through the unflagged budgets'
+    parabola minima; nan with fewer than 2 of them."""
+    ok = budgets[~budgets["flagged"].astype(bool)]
+    if len(ok) < 2:
+        return float("nan"), float("nan")
+    slope, icpt = np.polyfit(np.log(ok["budget"].astype(float)), np.log(ok["loss_opt"].astype(float)), 1)
+    return float(np.exp(icpt + slope * math.log(held))), float(-slope)
 
 
 def fit_variant(runs: pd.DataFrame, curves: pd.DataFrame | None, opts: FitOptions, c_ref: float,

@@ -340,6 +340,13 @@ def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) 
                 "|---|---|---|---|---|---|",
                 f"| {ex.predicted_loss:.4f} | {ex.actual_loss:.4f} | {ex.actual_source} | {ex.rel_error:+.2%} | "
                 f"{ex.predicted_n_opt:.4g} | {ex.actual_n_opt:.4g} |", ""]
+        if np.isfinite(ex.frontier_loss):
+            out += [f"Without a form in N and D: the power law L_opt ∝ C^-{ex.frontier_gamma:.3f} "
+                    f"through the smaller budgets' IsoFLOP minima predicts {ex.frontier_loss:.4f} "
+                    f"({ex.frontier_error:+.2%}). It assumes no floor, so near an irreducible loss "
+                    "it predicts too low; while the minima still fall by the same amount per "
+                    "decade, a large gap between it and Approach 3 points at Approach 3's E, "
+                    "poorly fixed by losses far above it.", ""]
     if vf.skipped:
         out += ["Skipped: " + "; ".join(f"Approach {k}: {v}" for k, v in vf.skipped.items()), ""]
     return out
