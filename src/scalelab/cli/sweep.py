@@ -280,6 +280,18 @@ def _collect(parent: Any, plan: Any, spec: Any, settings: Any, sweep_dir: Path) 
     return collected
 
 
+def _extrapolation_line(ex: Any, tag: str, prefix: str, metrics: dict[str, float]) -> str:
+    """The hold-out check's summary line; its errors go into ``metrics``."""
+    if ex is None:
+        return f"extrapolation{tag}: needs >= 3 budgets (and >= 5 runs below the largest)"
+    metrics[f"fit/{prefix}extrapolation_rel_error"] = ex.rel_error
+    metrics[f"fit/{prefix}extrapolation_frontier_rel_error"] = ex.frontier_error
+    return (f"extrapolation{tag}: fit without C={ex.held_out_budget:.3g} predicts "
+            f"{ex.predicted_loss:.4f}, actual {ex.actual_loss:.4f} ({ex.actual_source}): error "
+            f"{ex.rel_error:+.2%}; the power law through the other IsoFLOP minima: "
+            f"{ex.frontier_error:+.2%}")
+
+
 def _heldout_set(settings: Any, base: Any) -> Any:
     if not settings.heldout_tokens:
         return None
@@ -339,16 +351,7 @@ def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, p
                 lines.append(f"compute-optimal tokens/param{tag} at C={results.reference_compute:.3g}"
                              f" ({k.split('.')[0]}): {e[k].fmt()}")
                 break
-        if ex is not None:
-            metrics[f"fit/{prefix}extrapolation_rel_error"] = ex.rel_error
-            metrics[f"fit/{prefix}extrapolation_frontier_rel_error"] = ex.frontier_error
-            lines.append(f"extrapolation{tag}: fit without C={ex.held_out_budget:.3g} predicts "
-                         f"{ex.predicted_loss:.4f}, actual {ex.actual_loss:.4f} "
-                         f"({ex.actual_source}): error {ex.rel_error:+.2%}; the power law through "
-                         f"the other IsoFLOP minima: {ex.frontier_error:+.2%}")
-        else:
-            lines.append(f"extrapolation{tag}: needs >= 3 budgets (and >= 5 runs below the "
-                         "largest)")
+        lines.append(_extrapolation_line(ex, tag, prefix, metrics))
     parent.log_metrics({k: v for k, v in metrics.items() if v == v})
     lines.append(f"report       : {report_dir / 'report.md'} ({len(files)} files)")
     return lines
