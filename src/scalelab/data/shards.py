@@ -196,10 +196,12 @@ def _encode_splits(
     )
     # Same engine as tiktoken's encode_ordinary_batch (a thread pool over encode_ordinary,
     # which releases the GIL), but one pool for the whole corpus: results stream back in
-    # order and are written while later pieces are still being encoded. (``tok.encode`` maps a
-    # char vocabulary's rare characters to U+FFFD; the others pass through unchecked.)
+    # order and are written while later pieces are still being encoded. A char vocabulary comes
+    # from this corpus, so only one with a count floor needs ``tok.encode``'s mapping of its rare
+    # characters to U+FFFD; the others skip the per-piece character check.
+    encode = tok.encode if tok.replacement is not None else tok.enc.encode_ordinary
     with ThreadPoolExecutor(max_workers=num_threads) as pool:
-        results = pool.map(tok.encode, [t for _, _, t in items])
+        results = pool.map(encode, [t for _, _, t in items])
         for (name, i, text), piece in zip(items, results, strict=True):
             f = files[name]
             if i != last_doc[name] and last_doc[name] >= 0:
