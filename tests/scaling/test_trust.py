@@ -232,6 +232,17 @@ def test_heldout_windows_are_fixed_and_non_overlapping():
         HeldoutSet.from_tokens(tokens, block=32, n_tokens=20_000)
 
 
+def test_heldout_fingerprint_names_the_set():
+    tokens = np.arange(10_000) % 50
+    a = HeldoutSet.from_tokens(tokens, block=32, n_tokens=3200)
+    assert a.fingerprint == HeldoutSet.from_tokens(tokens.copy(), 32, 3200).fingerprint
+    assert len(a.fingerprint) == 12
+    others = {HeldoutSet.from_tokens(tokens, 32, 6400).fingerprint,   # size
+              HeldoutSet.from_tokens(tokens, 16, 3200).fingerprint,   # window
+              HeldoutSet.from_tokens((tokens + 1) % 50, 32, 3200).fingerprint}  # split or corpus
+    assert a.fingerprint not in others and len(others) == 3
+
+
 def test_loss_and_standard_error():
     w = np.array([1.0, 2.0, 3.0, 4.0])
     loss, se = loss_and_se(w)

@@ -21,7 +21,13 @@ import pandas as pd
 
 from scalelab.model.accounting import N_KEYS
 from scalelab.tracking.final import final_values
-from scalelab.tracking.sweep import ChildRun, SweepParent, metric_history, open_parent
+from scalelab.tracking.sweep import (
+    HELDOUT_SET_TAG,
+    ChildRun,
+    SweepParent,
+    metric_history,
+    open_parent,
+)
 
 # N convention -> column (the logged param's key), as scalelab.scaling.fit_data reads them
 N_COLUMNS = N_KEYS
@@ -45,10 +51,13 @@ def _num(d: dict[str, str], key: str, default: float = float("nan")) -> float:
         return default
 
 
-def _row(c: ChildRun) -> dict:
+def _row(c: ChildRun, heldout_set: str | None = None) -> dict:
     p, t = c.params, c.tags
     # final values (tags final.*, or older runs' final/* metrics) as final/<name> beside the curves
     m = {**c.metrics, **{f"final/{k}": v for k, v in final_values(t, c.metrics).items()}}
+    if heldout_set is not None and t.get(HELDOUT_SET_TAG) != heldout_set:
+        # scored on another held-out set than the sweep's (or on none): not comparable
+        m = {k: v for k, v in m.items() if not k.startswith("final/heldout_")}
     fpt, fpt6 = _num(p, "flops_per_token"), _num(p, "flops_per_token_6n")
     # tokens actually trained on: the final count, else the planned budget
     tokens = _num(m, "final/tokens_seen", _num(p, "tokens_budget", _num(m, "tokens_seen")))
@@ -103,7 +112,8 @@ def collect(parent: SweepParent, n_convention: str = "matmul",
     if point_ids is not None:
         children = [c for c in children if c.point_id in point_ids]
     done = latest_finished(children)
-    rows = [_row(c) for c in done.values()]
+    heldout_set = parent.heldout_set()
+    rows = [_row(c, heldout_set) for c in done.values()]
     cols = ["run_id", "point", "point_id", "variant", "budget", "size_index", "N", "D", "C",
             "loss", "bpb"]
     runs = pd.DataFrame(rows)

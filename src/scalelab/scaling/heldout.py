@@ -28,6 +28,14 @@ class HeldoutSet:
     windows: np.ndarray  # int64 [n_windows, block + 1]
 
     @property
+    def fingerprint(self) -> str:
+        """12 hex digits of the windows' SHA-1: the same set gives the same string, so a point
+        scored on another set (another size, split or corpus) is found and scored again."""
+        import hashlib
+
+        return hashlib.sha1(np.ascontiguousarray(self.windows).tobytes()).hexdigest()[:12]
+
+    @property
     def n_tokens(self) -> int:
         """Predicted tokens: block tokens per window."""
         return int(self.windows.shape[0] * (self.windows.shape[1] - 1))

@@ -526,12 +526,15 @@ class HeldoutScorer:
     def __init__(self, parent: Any, sweep_dir: Path, heldout: Any,
                  echo: Callable[[str], None] = print) -> None:
         self.parent, self.sweep_dir, self.heldout, self.echo = parent, sweep_dir, heldout, echo
-        self.scored = 0
+        self.fingerprint = heldout.fingerprint
+        self.scored = self.rescored = 0
 
     def __call__(self, p: PlanPoint, child: Any) -> None:
         from scalelab.scaling.heldout import HELDOUT_KEYS, evaluate_checkpoint
+        from scalelab.tracking.sweep import HELDOUT_SET_TAG
 
-        if HELDOUT_KEYS[0] in child.metrics:
+        was, had = child.tags.get(HELDOUT_SET_TAG), HELDOUT_KEYS[0] in child.metrics
+        if had and was == self.fingerprint:
             return
         ckpt = self.sweep_dir / "runs" / p.name / "checkpoints" / "last.ckpt"
         if not ckpt.is_file():  # trained under an earlier plan, where its index differed
@@ -543,10 +546,17 @@ class HeldoutScorer:
         m = evaluate_checkpoint(ckpt, self.heldout)
         for k, v in m.items():
             self.parent.client.log_metric(child.run_id, k, v)
+        self.parent.client.set_tag(child.run_id, HELDOUT_SET_TAG, self.fingerprint)
         child.metrics.update(m)
+        child.tags[HELDOUT_SET_TAG] = self.fingerprint
         self.scored += 1
+        again = ""
+        if had:  # scored before on another set (or before sets had fingerprints)
+            self.rescored += 1
+            again = " (scored again: the held-out set changed)"
         self.echo(f"    held-out {p.label}: {m[HELDOUT_KEYS[0]]:.4f} ± {m[HELDOUT_KEYS[1]]:.4f} "
-                  f"({m[HELDOUT_KEYS[1]] / m[HELDOUT_KEYS[0]]:.2%}) on {m[HELDOUT_KEYS[2]]:,.0f} tokens")
+                  f"({m[HELDOUT_KEYS[1]] / m[HELDOUT_KEYS[0]]:.2%}) on {m[HELDOUT_KEYS[2]]:,.0f} "
+                  f"tokens{again}")
 
     def score_all(self, points: list[PlanPoint]) -> None:
         """Every finished point not scored yet (e.g. trained by an earlier invocation)."""

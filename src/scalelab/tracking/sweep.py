@@ -158,11 +158,19 @@ class SweepParent:
         except ValueError:
             return None
 
+    def heldout_set(self) -> str | None:
+        """The fingerprint of the held-out set the sweep scores on now (its ``heldout_set`` tag:
+        "none" when it scores none); None for a sweep from before the tag."""
+        return self.client.get_run(self.run_id).data.tags.get(HELDOUT_SET_TAG)
+
     def url(self) -> str:
         return run_url(self.tracking_uri, self.experiment_id, self.run_id)
 
 
 STALE_TAG = "scalelab.stale"
+# parent and child: the fingerprint of the fixed held-out set (scaling.heldout.HeldoutSet); a
+# child's held-out loss counts only when its tag matches its parent's
+HELDOUT_SET_TAG = "heldout_set"
 
 
 def process_alive(tags: Mapping[str, str]) -> bool:
