@@ -96,6 +96,9 @@ def print_results(results) -> None:
         check = vf.approach2.power_law_check if vf.approach2 is not None else None
         if check is not None:
             console.print(("[yellow]Approach 2:[/] " if check.misfit else "Approach 2: ") + check.summary())
+        if vf.form is not None:
+            console.print(("[yellow]Approach 3:[/] " if vf.form.rejected else "Approach 3: ")
+                          + escape(vf.form.sentence()))
         for k, why in vf.skipped.items():
             console.print(f"[yellow]Approach {k} skipped:[/] {why}")
         ex = vf.extrapolation

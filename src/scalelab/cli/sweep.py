@@ -188,7 +188,7 @@ def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
                estimates: list[float] | None, console: Any, t_start: float) -> int:
     """Open the parent run, train the pending points, then collect, fit and report."""
     from scalelab.scaling.launch import HeldoutScorer
-    from scalelab.tracking.sweep import SweepParent
+    from scalelab.tracking.sweep import HELDOUT_SET_TAG, SweepParent
 
     heldout = _heldout_set(settings, base)  # a set that does not fit fails before any run
     experiment = settings.experiment_name or f"sweep_{settings.name}"
@@ -197,6 +197,9 @@ def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
                   f"in experiment {experiment!r}, store {base.tracking_uri}")
     console.print(f"sweep folder: {sweep_dir}")
     parent.log_params(_parent_params(plan, settings))
+    # the set this invocation scores on: a point scored on another one is scored again, or (with
+    # no set now) falls back to its own validation loss (scaling.collect)
+    parent.set_tags({HELDOUT_SET_TAG: heldout.fingerprint if heldout else "none"})
     scorer = HeldoutScorer(parent, sweep_dir, heldout, console.print) if heldout else None
     try:
         plan, outcome, tuned = _train_points(plan, spec, settings, base, sweep_dir, parent,
@@ -292,6 +295,14 @@ def _extrapolation_line(ex: Any, tag: str, prefix: str, metrics: dict[str, float
             f"{ex.frontier_error:+.2%}")
 
 
+def _form_line(form: Any, tag: str, prefix: str, metrics: dict[str, float]) -> str:
+    """Approach 3's goodness of fit (scaling.form_check); its numbers go into ``metrics``."""
+    metrics[f"fit/{prefix}approach3_rms_residual"] = form.rms
+    metrics[f"fit/{prefix}approach3_chi2_per_dof"] = (form.chi2 / form.dof if form.measured
+                                                      else float("nan"))
+    return f"Approach 3 form check{tag}: {form.sentence()}"
+
+
 def _heldout_set(settings: Any, base: Any) -> Any:
     if not settings.heldout_tokens:
         return None
@@ -345,6 +356,8 @@ def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, p
                          if "approach3.E" in e else
                          f"Approach 3{tag}: α = {e['approach3.alpha'].fmt()}, "
                          f"β = {e['approach3.beta'].fmt()}")
+        if vf.form is not None:
+            lines.append(_form_line(vf.form, tag, prefix, metrics))
         for k in ("approach2.tokens_per_param", "approach3.tokens_per_param",
                   "approach1.tokens_per_param"):
             if k in e:

@@ -25,6 +25,7 @@ from scipy import special
 from .fit_data import FitInputError, FitOptions, measured_sigma, prepare_curves, prepare_runs
 from .fit_isoflop import EnvelopeFit, IsoFlopFit, fit_envelope, fit_isoflop
 from .fit_parametric import FlopsPerToken, ParametricFit, fit_parametric, init_grid, theta_of
+from .form_check import FormCheck, check_form
 
 
 @dataclass
@@ -81,6 +82,7 @@ class VariantFit:
     estimates: dict[str, Estimate] = field(default_factory=dict)
     boot: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per replicate
     extrapolation: ExtrapolationCheck | None = None
+    form: FormCheck | None = None  # does Approach 3's form describe the points within their noise?
     skipped: dict[int, str] = field(default_factory=dict)  # approach -> why it was not run
     replicates: pd.DataFrame | None = None  # one row per run (seed replicates of a point)
     boot_mode: str = "points"  # "replicates": resample seeds within points; "points": pairs
@@ -338,6 +340,7 @@ def fit_variant(runs: pd.DataFrame, curves: pd.DataFrame | None, opts: FitOption
     if 3 in opts.approaches:
         vf.approach3 = _fit3(runs, opts)
         vf.used[3] = f"final losses of all {len(runs)} points (N, D, loss)"
+        vf.form = check_form(vf.approach3, runs)
     point = _quantities(vf.approach1, vf.approach2, vf.approach3, c_ref, vf.flops_per_token)
     if opts.n_boot > 0:
         vf.boot = _bootstrap(vf, opts, c_ref, rng)

@@ -300,6 +300,22 @@ def _power_law_md(vf: VariantFit) -> list[str]:
     return out
 
 
+def _misfit_widened(vf: VariantFit) -> list[str]:
+    """Approach 3's intervals scaled by its form's misfit, when the form is rejected."""
+    form = vf.form
+    if form is None or not form.rejected:
+        return []
+    parts = []
+    for key, name in (("approach3.alpha", "α"), ("approach3.beta", "β"), ("approach3.a", "a")):
+        est = vf.estimates.get(key)
+        if est is not None and np.isfinite(est.lo):
+            parts.append(f"{name} {est.value:.3f} ±{form.scale * (est.hi - est.lo) / 2:.3f}")
+    if not parts:
+        return []
+    return [f"Scaled by the misfit (×{form.scale:.1f}, as if it were noise), Approach 3's "
+            f"intervals would be: {', '.join(parts)}.", ""]
+
+
 def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) -> list[str]:
     out = [f"## Variant `{vf.variant}`" if len(results.variants) > 1 else "## Fit", ""]
     for name, file in plots.items():
@@ -322,6 +338,9 @@ def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) 
         f = vf.approach3
         out += [f"Approach 3 objective {f.objective:.4g} ({f.options.get('reduction')}-reduced Huber, "
                 f"δ={results.options.huber_delta}), {f.n_starts} starts, fitted in {f.seconds:.1f} s.", ""]
+        if vf.form is not None:
+            out += [f"**Does the form L = E + A/N^α + B/D^β describe the points?** "
+                    f"{vf.form.sentence()}.", "", *_misfit_widened(vf)]
     if vf.approach2 is not None:
         t = vf.approach2.budgets
         out += ["### IsoFLOP budgets (Approach 2)", "", _md_table(t[["budget", "n_sizes", "N_opt", "D_opt",
