@@ -55,7 +55,8 @@ def cases_of(runs: pd.DataFrame, untuned: pd.DataFrame | None) -> dict[str, pd.D
         for j in range(1, k):
             cases[f"seeds: {j} instead of {k}"] = runs[runs["replicate"] < j]
     if untuned is not None:
-        cases["tuning: none (untuned sweep, 1 seed)"] = untuned
+        k_u = untuned["replicate"].nunique() if "replicate" in untuned else 1
+        cases[f"tuning: none (untuned sweep, {k_u} seed{'s' if k_u > 1 else ''})"] = untuned
     if "val_loss" in runs and runs["val_loss"].notna().all():
         cases["eval: in-training val loss (4k tokens)"] = runs.assign(loss=runs["val_loss"],
                                                                      loss_se=np.nan)

@@ -141,10 +141,14 @@ def test_ablation_script_adds_an_unweighted_row(tmp_path):
     runs["replicate"] = runs["run_id"].str[-1].astype(int)
     runs.to_csv(tmp_path / "runs.csv", index=False)
     script = Path(__file__).resolve().parents[2] / "scripts" / "scaling_ablation.py"
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "runs.csv"), "--n-boot", "0"],
+    untuned = runs[runs["replicate"] == 0].assign(loss=runs["loss"] * 1.01)
+    untuned.to_csv(tmp_path / "untuned.csv", index=False)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "runs.csv"), "--n-boot", "0",
+                          "--untuned", str(tmp_path / "untuned.csv")],
                          capture_output=True, text=True, timeout=300, check=True).stdout
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     assert "weights: none (every point counts the same)" in rows and "full study (3 seeds)" in rows
     assert "seeds: 1 instead of 3" in rows
+    assert "tuning: none (untuned sweep, 1 seed)" in rows  # its own seed count
     assert rows["weights: none (every point counts the same)"].split("|")[2:] != \
         rows["full study (3 seeds)"].split("|")[2:]
