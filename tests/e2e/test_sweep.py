@@ -84,6 +84,12 @@ def test_cpu_tiny_sweep_then_rerun_trains_nothing(env):
     parent = client.get_run(pid)
     assert parent.data.params["n_points"] == "6"
     assert any(k.startswith("fit/") for k in parent.data.metrics)
+    # Approach 3's own check: one seed, so its rms misfit and no chi2
+    assert "Approach 3 form check: rms log residual" in first.stdout
+    assert "noise not measured" in first.stdout
+    assert parent.data.metrics["fit/approach3_rms_residual"] > 0
+    assert "fit/approach3_chi2_per_dof" not in parent.data.metrics
+    assert "describe the points?** rms log residual" in (sweep_dir / "report/report.md").read_text()
     print(f"cpu_tiny sweep wall time: {wall:.0f} s")
 
     second = _sweep(env, "sweep=cpu_tiny", *FAST)
