@@ -35,6 +35,9 @@ def summary(runs: pd.DataFrame, n_boot: int, weights: str = "noise") -> dict[str
             "" if np.isnan(e.lo) else f" ±{(e.hi - e.lo) / 2:.3f}")
     ex = vf.extrapolation
     out["hold-out error"] = "—" if ex is None else f"{ex.rel_error:+.2%}"
+    form = vf.form  # Approach 3's misfit against the points' noise (scaling/form_check.py)
+    out["A3 rms / noise"] = "—" if form is None else (
+        f"{form.rms:.2%} / {form.noise:.2%}" if form.measured else f"{form.rms:.2%} / —")
     out["points"] = str(len(vf.runs))
     return out
 
