@@ -58,7 +58,7 @@ def test_attention_weights_reproduce_the_sdpa_output(kw: dict) -> None:
     if cfg.arch == "decoder":
         assert float(w.triu(1).abs().max()) == 0.0
     for layer, ((attn, out), x) in enumerate(zip(outs, ins, strict=True)):
-        v = attn._heads(attn.v_proj(x), attn.n_kv_heads).repeat_interleave(
+        v = attn._heads(attn.qkv(x)[2], attn.n_kv_heads).repeat_interleave(
             attn.n_heads // attn.n_kv_heads, dim=1)
         y = (w[layer][None] @ v).transpose(1, 2).reshape(1, 12, cfg.d_model)
         assert torch.allclose(attn.o_proj(y), out, atol=1e-5), layer

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from scalelab.model import ModelConfig
 
@@ -17,19 +18,27 @@ def tiny(**overrides: Any) -> ModelConfig:
     return ModelConfig(**{**TINY, **overrides})
 
 
+def project(module: torch.nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+    """x through the Linear saved as ``name`` in module's state_dict."""
+    sd = module.state_dict()
+    return F.linear(x, sd[f"{name}.weight"], sd.get(f"{name}.bias"))
+
+
 def ref_attention(attn: torch.nn.Module, x: torch.Tensor, memory: torch.Tensor | None = None,
                   causal: bool = False, key_keep: torch.Tensor | None = None) -> torch.Tensor:
     """Attention written out by hand from a module's weights: softmax(q k^T / sqrt(hd)) v.
 
     K/V heads are repeated for GQA (query head h uses K/V head h // (n_heads / n_kv_heads)).
+    The weights come from the saved layout (``q_proj``, ``k_proj``, ``v_proj``), which also
+    checks that a fused projection saves as its parts.
     """
     src = x if memory is None else memory
     b, t, d = x.shape
     s = src.shape[1]
     h, kv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    q = attn.q_proj(x).view(b, t, h, hd).transpose(1, 2)
-    k = attn.k_proj(src).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
-    v = attn.v_proj(src).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
+    q = project(attn, "q_proj", x).view(b, t, h, hd).transpose(1, 2)
+    k = project(attn, "k_proj", src).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
+    v = project(attn, "v_proj", src).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
     allowed = torch.ones(t, s, dtype=torch.bool)
     if causal:

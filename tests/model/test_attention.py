@@ -8,7 +8,7 @@ import torch
 from scalelab.model.attention import AttnContext, CrossAttention, KVCache, SelfAttention
 from scalelab.model.transformer import build_context
 
-from .helpers import ref_attention, tiny
+from .helpers import project, ref_attention, tiny
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
@@ -22,8 +22,11 @@ def test_self_attention_matches_hand_written(n_kv_heads: int, causal: bool) -> N
 
 def test_gqa_with_all_heads_is_mha_and_mqa_has_one_kv_head() -> None:
     mha, gqa, mqa = (SelfAttention(tiny(n_kv_heads=k)) for k in (None, 4, 1))
-    assert mha.k_proj.weight.shape == gqa.k_proj.weight.shape == (32, 32)
-    assert mqa.k_proj.weight.shape == mqa.v_proj.weight.shape == (8, 32)  # one head of dim 8
+    shape = {name: m.state_dict()[f"{p}_proj.weight"].shape
+             for name, m in (("mha", mha), ("gqa", gqa), ("mqa", mqa)) for p in "kv"}
+    assert shape["mha"] == shape["gqa"] == (32, 32)
+    assert mqa.state_dict()["k_proj.weight"].shape == mqa.state_dict()["v_proj.weight"].shape == (8, 32)
+    assert mqa.qkv_proj.weight.shape == (32 + 8 + 8, 32)  # one head of dim 8 for k and for v
     gqa.load_state_dict(mha.state_dict())
     x = torch.randn(2, 5, 32)
     ctx = AttnContext(is_causal=True)
@@ -81,9 +84,9 @@ def test_alibi_bias_enters_the_scores() -> None:
     ctx = build_context(torch.arange(5), 5, causal=True, key_keep=None, bias=bias)
     out = attn(x, ctx)
     # same computation by hand: scores + bias, causal
-    q = attn.q_proj(x).view(1, 5, 4, 8).transpose(1, 2)
-    k = attn.k_proj(x).view(1, 5, 4, 8).transpose(1, 2)
-    v = attn.v_proj(x).view(1, 5, 4, 8).transpose(1, 2)
+    q = project(attn, "q_proj", x).view(1, 5, 4, 8).transpose(1, 2)
+    k = project(attn, "k_proj", x).view(1, 5, 4, 8).transpose(1, 2)
+    v = project(attn, "v_proj", x).view(1, 5, 4, 8).transpose(1, 2)
     s = q @ k.transpose(-1, -2) / 8**0.5 + bias
     s = s.masked_fill(~torch.tril(torch.ones(5, 5, dtype=torch.bool)), float("-inf"))
     y = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(1, 5, 32)

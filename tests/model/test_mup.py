@@ -66,7 +66,7 @@ def test_mup_init_divides_hidden_std_by_sqrt_m_and_keeps_embeddings() -> None:
     m = cfg.width_multiplier
     assert m == 8.0
     attn = model.decoder.blocks[0].self_attn.fn
-    assert attn.q_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(m), rel=0.05)
+    assert attn.qkv_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(m), rel=0.05)
     assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert model.output_mult == pytest.approx(1 / m)
     assert attn.scale == pytest.approx(1 / math.sqrt(cfg.head_dim * m))  # ∝ 1/head_dim

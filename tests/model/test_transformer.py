@@ -52,7 +52,7 @@ def test_model_level_gqa_equals_mha_and_mqa_shapes(n_kv_heads: int) -> None:
         x = ids(2, 8)
         torch.testing.assert_close(other(x), mha(x))
     else:  # MQA: one K/V head of head_dim for all query heads
-        assert other.decoder.blocks[0].self_attn.fn.k_proj.weight.shape == (8, 32)
+        assert other.state_dict()["decoder.blocks.0.self_attn.fn.k_proj.weight"].shape == (8, 32)
 
 
 CACHE_CASES = [
@@ -138,7 +138,7 @@ def test_gpt2_init() -> None:
     model = Transformer(cfg)
     block = model.decoder.blocks[0]
     residual_std = 0.02 / math.sqrt(2 * 8)
-    assert block.self_attn.fn.q_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert block.self_attn.fn.qkv_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert block.self_attn.fn.o_proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
     assert block.mlp.fn.down.weight.std().item() == pytest.approx(residual_std, rel=0.05)
     assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.05)

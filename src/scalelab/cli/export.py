@@ -25,8 +25,10 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
 
     ckpt = load(checkpoint)
     cfg = ModelConfig.from_dict(model_config_dict(ckpt))
-    sd = {k: v.detach().clone().contiguous() for k, v in model_state_dict(ckpt).items()}
-    Transformer(cfg).load_state_dict(sd)  # fails here, not later, if keys do not match
+    model = Transformer(cfg)
+    model.load_state_dict(model_state_dict(ckpt))  # fails here, not later, if keys do not match
+    # through the model: one layout (q_proj, k_proj, v_proj) whichever the checkpoint holds
+    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     out = Path(out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     with atomic_open(out / "model.pt") as f:  # never a half-written model.pt next to config.json

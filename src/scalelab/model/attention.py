@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused_layout
 from .config import ModelConfig
 from .positions import Rotary, _identity
 
@@ -46,10 +47,8 @@ class _Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        d, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
-        self.q_proj = nn.Linear(d, d, bias=cfg.bias)
-        self.k_proj = nn.Linear(d, kv, bias=cfg.bias)
-        self.v_proj = nn.Linear(d, kv, bias=cfg.bias)
+        d = cfg.d_model
+        self._make_projections(cfg)  # before o_proj: parameters in the order q, k, v, o
         self.o_proj = nn.Linear(d, d, bias=cfg.bias)
         self.o_proj.residual_out = True  # type: ignore[assignment]  # scaled at init (GPT-2)
         self.dropout = cfg.dropout
@@ -58,6 +57,9 @@ class _Attention(nn.Module):
         # (None) at the base width, so an lr tuned there means the same model.
         m = cfg.width_multiplier
         self.scale = 1.0 / math.sqrt(cfg.head_dim * m) if cfg.parametrization == "mup" else None
+
+    def _make_projections(self, cfg: ModelConfig) -> None:
+        raise NotImplementedError
 
     def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
         b, s, _ = t.shape
@@ -75,30 +77,28 @@ class _Attention(nn.Module):
 
 
 class SelfAttention(_Attention):
-    """Causal (decoder) or bidirectional (encoder); which one is decided by ctx's mask."""
+    """Causal (decoder) or bidirectional (encoder); which one is decided by ctx's mask.
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg)
-        self.fuse_qkv = cfg.position != "rope"
+    q, k and v come from one (d + 2 kv) x d projection, ``qkv_proj``, as in a hand-written
+    GPT's ``c_attn``: one GEMM and one parameter instead of three (fewer tensors for the
+    optimizer and no weight concatenation per step). ``state_dict`` still holds ``q_proj``,
+    ``k_proj`` and ``v_proj`` (:mod:`.fused_layout`), so checkpoints, exports and HF interop
+    keep their layout and load either way.
+    """
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # One GEMM for q, k and v (as a hand-written GPT's fused c_attn) while the parameters
-        # stay three Linears: checkpoints, HF export, µP groups and the counts are unchanged.
-        # It costs one (d + 2 kv) x d weight copy per forward and leaves q/k/v as strided views:
-        # measured 1.01-1.04x faster for GPT shapes, 0.97-0.99x with RoPE + GQA (Llama shape),
-        # where rotating the strided views costs more than the two GEMMs saved
-        # (docs/performance.md; python -m benchmarks.fusion_ab).
-        q, k, v = self.q_proj, self.k_proj, self.v_proj
-        if not self.fuse_qkv:
-            return q(x), k(x), v(x)
-        weight = torch.cat([q.weight, k.weight, v.weight])
-        bias = None if q.bias is None else torch.cat([q.bias, k.bias, v.bias])
-        kv = self.n_kv_heads * self.head_dim
-        return F.linear(x, weight, bias).split([q.out_features, kv, kv], dim=-1)
+    def _make_projections(self, cfg: ModelConfig) -> None:
+        kv = cfg.kv_heads * cfg.head_dim
+        self.splits = (cfg.d_model, kv, kv)  # rows of q, k and v in qkv_proj
+        self.qkv_proj = nn.Linear(cfg.d_model, sum(self.splits), bias=cfg.bias)
+        fused_layout.register(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"), self.splits)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v projections of x, each [B, T, features] (strided views of one GEMM)."""
+        return self.qkv_proj(x).split(self.splits, dim=-1)
 
     def forward(self, x: torch.Tensor, ctx: AttnContext,
                 cache: KVCache | None = None) -> torch.Tensor:
-        q, k, v = self._qkv(x)
+        q, k, v = self.qkv(x)
         q = ctx.rotary(self._heads(q, self.n_heads))
         k = ctx.rotary(self._heads(k, self.n_kv_heads))
         v = self._heads(v, self.n_kv_heads)
@@ -112,6 +112,12 @@ class SelfAttention(_Attention):
 
 class CrossAttention(_Attention):
     """Decoder queries attend to the encoder output ``memory`` (no positions applied)."""
+
+    def _make_projections(self, cfg: ModelConfig) -> None:
+        d, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(d, d, bias=cfg.bias)
+        self.k_proj = nn.Linear(d, kv, bias=cfg.bias)
+        self.v_proj = nn.Linear(d, kv, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, ctx: AttnContext, memory: torch.Tensor,
                 cache: KVCache | None = None) -> torch.Tensor:

@@ -25,10 +25,12 @@ from pytorch_lightning.plugins.precision import MixedPrecision
 from torch import nn
 
 from scalelab.model import ModelConfig, Transformer
+from scalelab.model.fused_layout import fused_splits
 from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
-from scalelab.training.optim import GroupSummary, build_optimizer
+from scalelab.training.optim import GroupSummary, build_optimizer, param_groups
+from scalelab.training.optimizer_layout import fuse_optimizer_state
 from scalelab.training.schedules import build_lr_lambda
 
 IGNORE_INDEX = -100
@@ -428,6 +430,14 @@ class LMModule(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.tokens_seen, self.flops_seen = read_module_state(checkpoint)
+        if checkpoint.get("optimizer_states"):  # saved before q, k, v were fused: re-index
+            cfg = self.optim_cfg  # the groups configure_optimizers will build
+            groups = [g["params"] for g in param_groups(
+                self.model, cfg.weight_decay, cfg.decay_embeddings,
+                1.0 / self.model.cfg.width_multiplier)[0]]
+            splits = fused_splits(self.model)
+            checkpoint["optimizer_states"] = [
+                fuse_optimizer_state(s, groups, splits) for s in checkpoint["optimizer_states"]]
 
 
 class CausalLM(LMModule):
