@@ -1,6 +1,7 @@
 """FSDP as far as a CPU allows: a truly sharded checkpoint (2 gloo ranks, one shard file each)
 converts into one plain checkpoint that loads with weights_only=True, equals the original
-weights exactly, and works with the sampling CLI."""
+weights exactly (in the plain q_proj/k_proj/v_proj layout, though the shards hold the fused
+qkv_proj as FSDP1's do), and works with the sampling, export and HF export CLIs."""
 
 from __future__ import annotations
 
@@ -53,3 +54,7 @@ def test_sharded_checkpoint_consolidates_to_a_plain_loadable_one(single_run: Pat
     e = subprocess.run([sys.executable, "-m", "scalelab.cli.export", str(out), "--out", str(tmp_path / "exp")],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert e.returncode == 0 and any((tmp_path / "exp").iterdir()), e.stderr[-3000:]
+    h = subprocess.run([sys.executable, "-m", "scalelab.cli.export", str(out), "--out",
+                        str(tmp_path / "hf"), "--format", "hf"],
+                       cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert h.returncode == 0 and (tmp_path / "hf" / "config.json").is_file(), h.stderr[-3000:]

@@ -83,3 +83,20 @@ def _join_on_load(module: nn.Module, state_dict: dict[str, Any], prefix: str, lo
             error_msgs.append(f"size mismatch for {k}: copying a param with shape "
                               f"{piece.shape} from checkpoint, the shape in current model is {want}.")
         state_dict[f"{prefix}{fused}.{suffix}"] = current.detach() if bad else torch.cat(pieces)
+
+
+def split_fused_keys(state_dict: dict[str, Any], fused: str, parts: Sequence[str],
+                     splits: Sequence[int]) -> dict[str, Any]:
+    """``state_dict`` with every ``*.<fused>.{weight,bias}`` replaced by its parts, in place of
+    it (the layout :func:`keep_fused` switched off, e.g. in an FSDP1 sharded checkpoint)."""
+    out: dict[str, Any] = {}
+    for key, value in state_dict.items():
+        stem, _, suffix = key.rpartition(".")
+        head, _, name = stem.rpartition(".")
+        if name != fused or suffix not in _SUFFIXES:
+            out[key] = value
+            continue
+        prefix = f"{head}." if head else ""
+        for part, piece in zip(parts, value.split(list(splits), dim=0), strict=True):
+            out[f"{prefix}{part}.{suffix}"] = piece.clone()
+    return out
