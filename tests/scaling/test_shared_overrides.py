@@ -39,7 +39,8 @@ def _base(tmp_path, overrides):
     cfg = compose("train", overrides)
     return BaseRun(cfg=cfg, model_fields=BASE, tokens_per_step=512, micro_batch=16,
                    block_size=32, train_tokens=None, tracking_uri="sqlite:///x.db",
-                   artifact_root=None, root=tmp_path, accelerator="cpu", seed=int(cfg.seed))
+                   artifact_root=None, root=tmp_path, accelerator="cpu", seed=int(cfg.seed),
+                   log_every_n_steps=int(cfg.trainer.log_every_n_steps))
 
 
 @pytest.mark.parametrize(("override", "hint"), [
@@ -108,3 +109,25 @@ def test_the_plan_footer_states_the_tuned_values_after_the_tune_stage():
     assert "tuned lr*(N) = 0.5*N^-0.300" in after and "B*(N) = 8*N^+0.100" in after
     assert "AdamW beta2 tuned: 0.95" in after
     assert "beta2=0.99" not in after and "lr rule" not in after and "tune stage first" not in after
+
+
+def test_each_point_logs_about_log_points_rows_never_more_often_than_the_base(tmp_path):
+    """Logging a tiny point's every 10th step cost ~15 % of its time (docs/performance.md): the
+    cadence follows the point's length, with the trainer's (or the user's) value as the floor,
+    and reaches the composed config of the point's run."""
+    plan = _plan()
+    conf = tmp_path / "conf"
+    for overrides, log_points, floor in (([*PRESET], 4, 10), ([*PRESET, "trainer.log_every_n_steps=25"], 2, 25)):
+        settings = RunSettings(name="t", train_overrides=overrides, log_points=log_points)
+        base = _base(tmp_path, overrides)
+        check_point_overrides(plan, plan.spec, settings, base)  # a base-derived key: allowed
+        for p in plan.points:
+            ov = point_overrides(p, plan.spec, settings, base, tmp_path, "PARENT", "sweep_t")
+            want = max(floor, -(-p.steps // log_points))
+            assert ov["trainer.log_every_n_steps"] == want
+            write_point_config(conf / "sweep_point" / f"{p.name}.yaml", p, ov)
+            cmd = train_command(settings.train_overrides, [p.name], conf, multirun=False)
+            assert compose("train", cmd[3:]).trainer.log_every_n_steps == want
+        assert any(max(floor, -(-p.steps // log_points)) > floor for p in plan.points)
+    with pytest.raises(ValueError, match=r"sweep\.log_points=0"):
+        RunSettings(name="t", log_points=0)

@@ -16,6 +16,7 @@ and a point whose FINISHED child already exists in MLflow is skipped on a rerun.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import subprocess
@@ -52,6 +53,8 @@ class RunSettings:
     launcher_overrides: list[str] = field(default_factory=list)
     val_evals: int = 12
     val_batches: int = 10
+    # about this many rows of train metrics per point (see point_log_every)
+    log_points: int = 100
     experiment_name: str | None = None
     output_dir: str | None = None
     estimate_time: bool = True
@@ -77,6 +80,10 @@ class RunSettings:
         self.heldout_tokens = int(self.heldout_tokens)
         if self.val_evals < 1 or self.val_batches < 1:
             raise ValueError("sweep.val_evals and sweep.val_batches must be >= 1")
+        if isinstance(self.log_points, bool) or int(self.log_points) < 1:
+            raise ValueError(f"sweep.log_points={self.log_points!r}: rows of train metrics per "
+                             "point, an integer >= 1")
+        self.log_points = int(self.log_points)
         self.train_overrides = [str(o) for o in self.train_overrides]
         self.launcher_overrides = [str(o) for o in self.launcher_overrides]
 
@@ -117,6 +124,8 @@ class BaseRun:
     batch_unit: str = "sequences"  # what train.global_batch_size counts (sequences | tokens)
     batch_quantum: int = 1  # the global batch (sequences) must be a multiple of this
     seed: int = 0  # the configured seed: replicate r of a point trains with seed + r
+    # the trainer's logging cadence: the floor of each point's (point_log_every); 50 is Lightning's
+    log_every_n_steps: int = 50
 
 
 def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
@@ -153,7 +162,8 @@ def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
                    spec.block_size, train_tokens, uri,
                    str(cfg.logger.artifact_root) if cfg.logger.artifact_root else None, root,
                    str(cfg.trainer.accelerator), val_tokens, str(spec.train.batch_unit),
-                   (spec.train.micro_batch_size or 1) * spec.world_size, int(cfg.seed))
+                   (spec.train.micro_batch_size or 1) * spec.world_size, int(cfg.seed),
+                   int(cfg.trainer.get("log_every_n_steps") or 50))
 
 
 def build_plan(spec: SweepSpec, family: FamilyConfig, settings: RunSettings,
@@ -197,6 +207,7 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
         "train.val_every": val_every,
         "train.val_batches": settings.val_batches,
         "trainer.max_steps": None,
+        "trainer.log_every_n_steps": point_log_every(p.steps, settings.log_points, base),
         "trainer.enable_progress_bar": False,
         "callbacks.checkpoint.save_best": False,
         "logger.backend": "mlflow",
@@ -220,6 +231,16 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
     d |= {f"tags.{k}": v for k, v in point_tags(p, settings).items()}
     d |= dict(p.extra_overrides)
     return d
+
+
+def point_log_every(steps: int, log_points: int, base: BaseRun) -> int:
+    """Lightning's logging cadence for a point of ``steps`` steps: about ``log_points`` rows,
+    never more often than the base config's (the trainer preset's or the user's override).
+
+    A sweep point's steps are small (milliseconds on CPU), and each logged step costs Lightning's
+    logger connector plus the module's and the throughput callback's values: at every 10th step
+    made a 2,000-step cpu_medium point ~15 % slower than every 100th (docs/performance.md)."""
+    return max(base.log_every_n_steps, math.ceil(steps / log_points))
 
 
 def check_point_overrides(plan: Plan, spec: SweepSpec, settings: RunSettings,

@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 # the plan reads these from the base config and sets each point's own value from them
-BASE_KEYS = frozenset({"train.global_batch_size", "seed", "logger.tracking_uri"})
+# (trainer.log_every_n_steps: the base value is the floor of the point's, see sweep.log_points)
+BASE_KEYS = frozenset({"train.global_batch_size", "seed", "logger.tracking_uri",
+                       "trainer.log_every_n_steps"})
 # set by each point, but a user's value for every run changes nothing the study records
 FREE_KEYS = frozenset({"trainer.enable_progress_bar", "callbacks.checkpoint.save_best",
                        "logger.backend"})
