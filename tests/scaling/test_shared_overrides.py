@@ -106,7 +106,7 @@ def test_the_plan_footer_states_the_tuned_values_after_the_tune_stage():
                                            "batch": {"coef": 8.0, "exponent": 0.1},
                                            "beta2": 0.95}})
     after = _printed(tuned)
-    assert "tuned lr*(N) = 0.5*N^-0.300" in after and "B*(N) = 8*N^+0.100" in after
+    assert "tuned lr*(N) = 0.5 * N^-0.300" in after and "B*(N) = 8 * N^+0.100" in after
     assert "AdamW beta2 tuned: 0.95" in after
     assert "beta2=0.99" not in after and "lr rule" not in after and "tune stage first" not in after
 

@@ -340,7 +340,7 @@ def test_laws_from_applies_an_earlier_tune_stages_laws(tmp_path):
     write_report(results, tmp_path / "report", laws_from=(str(path), plan.tuned))
     text = (tmp_path / "report" / "report.md").read_text()
     assert f"sweep.laws_from={path}" in text
-    assert "lr\\*(N) = 0.3 · N^-0.250; B\\*(N) = 40 · N^-0.300 sequences; β2 = 0.95" in text
+    assert "lr\\*(N) = 0.3 * N^-0.250; B\\*(N) = 40 * N^-0.300 sequences; β2 = 0.95" in text
 
 
 def test_min_d_model_keeps_every_shape_at_or_above_the_narrowest_width():

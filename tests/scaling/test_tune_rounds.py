@@ -69,7 +69,7 @@ def test_batch_law_recovers_a_known_power_law():
     assert law.exponent == pytest.approx(0.3, abs=1e-6)
     assert law.coef == pytest.approx(2.0, rel=1e-6)
     assert not law.sizes["flagged"].any() and "batch_opt" in law.sizes
-    assert law.describe().startswith("B*(N) = 2 * N^0.3000")
+    assert law.describe().startswith("B*(N) = 2 * N^+0.3000")
 
 
 def test_too_few_interior_optima_fit_through_the_edges_not_two_close_points():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from scalelab.scaling.laws import law_text
+
 
 def fmt_seconds(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
@@ -75,7 +77,7 @@ def _settings_line(plan: Any) -> str:
 
 
 def _law_text(law: dict[str, float], what: str) -> str:
-    return f"{what}*(N) = {law['coef']:.4g}*N^{law['exponent']:+.3f}"
+    return law_text(law, what, digits=3)
 
 
 def _lr_text(plan: Any) -> str:

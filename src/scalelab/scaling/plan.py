@@ -27,6 +27,8 @@ from scalelab.model.config import ModelConfig
 from scalelab.tracking.params import accounting
 from scalelab.training.schedules import wsd_decay_start
 
+from .laws import law_value
+
 LR_RULES = ("fixed", "inverse_width")
 MODES = ("isoflop", "grid")
 
@@ -132,8 +134,9 @@ class SweepSpec:
     # D fixed) -> B*(N), then a beta2 grid at lr*(N) and B*(N) -> one beta2 per variant
     tune_batch_factors: list[float] = field(default_factory=list)  # empty: no batch round
     tune_beta2s: list[float] = field(default_factory=list)  # empty: no beta2 round
-    # a measured law lr*(N) = coef * N^exponent (e.g. from an earlier tune stage's law.json)
-    # that sets every point's lr without tuning again; ignored when tune_lr_factors is set
+    # a measured law lr*(N) = coef * N^exponent [* D^d_exponent] (e.g. from an earlier tune
+    # stage's law.json) that sets every point's lr without tuning again; ignored when
+    # tune_lr_factors is set
     lr_law: dict[str, float] | None = None
     # an earlier tune stage's law.json: its lr*(N), B*(N) and beta2 for every point of each
     # variant (a study extended to new budgets or sizes keeps the hyperparameters it was tuned
@@ -216,10 +219,11 @@ class SweepSpec:
                              f"{self.budgets}: tune at budgets of the study")
         if self.lr_law is not None:
             law = dict(self.lr_law)
-            if set(law) != {"coef", "exponent"} or not float(law["coef"]) > 0:
+            if (not {"coef", "exponent"} <= set(law) <= {"coef", "exponent", "d_exponent"}
+                    or not float(law["coef"]) > 0):
                 raise ValueError(f"sweep.lr_law={self.lr_law!r}: give {{coef: c, exponent: k}} "
-                                 "with c > 0 (lr = c * N^k), or null")
-            self.lr_law = {"coef": float(law["coef"]), "exponent": float(law["exponent"])}
+                                 "with c > 0 (lr = c * N^k; d_exponent: q adds * D^q), or null")
+            self.lr_law = {k: float(v) for k, v in law.items() if k != "d_exponent" or v}
         if self.laws_from is not None:
             if self.lr_law is not None:
                 raise ValueError("sweep.laws_from and sweep.lr_law both set: keep one (laws_from "
@@ -383,38 +387,39 @@ class Plan:
     points: list[PlanPoint]
     train_tokens: int | None = None
     identity: dict[str, Any] = field(default_factory=dict)
-    lr_law: dict[str, float] | None = None  # lr = coef * N^exponent (sweep.lr_law)
+    lr_law: dict[str, float] | None = None  # lr = coef * N^exponent [* D^q] (sweep.lr_law)
     # sequences the global batch must be a multiple of (micro batch x devices, when set)
     batch_quantum: int = 1
-    # per variant, what the tune stage fitted: {"lr": {coef, exponent}, "batch": {coef,
-    # exponent}, "beta2": b} (each optional)
+    # per variant, what the tune stage fitted: {"lr": {coef, exponent[, d_exponent]}, "batch":
+    # {coef, exponent[, d_exponent]}, "beta2": b} (each optional; tune_fit.law_value)
     tuned: dict[str, dict[str, Any]] | None = None
 
     def finalize(self) -> None:
         _finalize(self)
 
-    def with_lr_law(self, coef: float, exponent: float) -> Plan:
-        """The plan with every point's peak lr = coef * N_matmul^exponent (a measured law);
-        hashes, branches and replicates rebuilt (new lr, new runs)."""
+    def with_lr_law(self, coef: float, exponent: float, d_exponent: float = 0.0) -> Plan:
+        """The plan with every point's peak lr = coef * N_matmul^exponent [* D^d_exponent] (a
+        measured law); hashes, branches and replicates rebuilt (new lr, new runs)."""
         law = {"coef": float(coef), "exponent": float(exponent)}
+        law |= {"d_exponent": float(d_exponent)} if d_exponent else {}
         out = self.with_hparams({v: {"lr": law} for v in self.variants})
         out.lr_law, out.tuned = law, None
         return out
 
     def with_hparams(self, laws: dict[str, dict[str, Any]]) -> Plan:
         """The plan with each variant's tuned hyperparameters (see ``tuned``) on its points:
-        lr = lr*(N); global batch = B*(N) rounded by :func:`round_batch` with the steps
+        lr = lr*(N[, D]); global batch = B*(N[, D]) rounded by :func:`round_batch` with the steps
         recomputed from the point's D; AdamW beta2. Hashes, branches, replicates rebuilt."""
         base = [dataclasses.replace(p, save_at_steps=[]) for p in self.points
                 if p.replicate == 0 and p.branch_of is None]
         points = []
         for p in base:
             law = laws.get(p.variant, {})
-            n = p.n_params_matmul
+            n, d = p.n_params_matmul, p.tokens
             if "lr" in law:  # no sweep.max_lr cap: that guards the untuned rule; this was measured
-                p.lr = float(law["lr"]["coef"] * n ** law["lr"]["exponent"])
+                p.lr = float(law_value(law["lr"], n, d))
             if "batch" in law:
-                p = self.rebatched(p, law["batch"]["coef"] * n ** law["batch"]["exponent"])
+                p = self.rebatched(p, float(law_value(law["batch"], n, d)))
             if "beta2" in law:
                 p.beta2 = float(law["beta2"])
             points.append(p)
@@ -672,7 +677,7 @@ def make_plan(
                 identity=identity or {}, batch_quantum=int(batch_quantum))
     plan.finalize()
     if spec.lr_law is not None and not spec.tune_lr_factors:
-        return plan.with_lr_law(spec.lr_law["coef"], spec.lr_law["exponent"])
+        return plan.with_lr_law(**spec.lr_law)
     if spec.laws_from is not None and not spec.tune_lr_factors:
         laws = read_laws(spec.laws_from)
         missing = [v for v in plan.variants if v not in laws]
@@ -693,6 +698,8 @@ def read_laws(path: str) -> dict[str, dict[str, Any]]:
         for name, laws in variants.items():
             hp: dict[str, Any] = {k: {"coef": float(laws[k]["coef"]),
                                       "exponent": float(laws[k]["exponent"])}
+                                  | ({"d_exponent": float(laws[k]["d_exponent"])}
+                                     if laws[k].get("d_exponent") else {})
                                   for k in ("lr", "batch") if k in laws}
             if "beta2" in laws:
                 hp["beta2"] = float(laws["beta2"]["best"])

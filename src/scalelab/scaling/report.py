@@ -17,6 +17,7 @@ from scalelab.data.files import atomic_save_with, atomic_write_text
 from .fit import Estimate, ScalingResults, VariantFit
 from .fit_data import measured_sigma
 from .fit_synthetic import CHINCHILLA, EPOCH_2024
+from .laws import law_text
 
 # Published compute-optimal exponents and tokens per parameter, for the side-by-side table.
 # Chinchilla: Approach 1/2 a = 0.50/0.49, b = 0.50/0.51; ~20 tokens per parameter.
@@ -371,6 +372,11 @@ def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) 
     return out
 
 
+def _law_md(law: dict, what: str) -> str:
+    """A law as markdown, e.g. lr\\*(N) = 1.2 * N^-0.479."""
+    return law_text(law, what, digits=3).replace("*(", "\\*(")
+
+
 def _tune_md(tune, out: Path) -> list[str]:
     """The tune stage: its plots (copied next to the report), each variant's laws and beta2,
     with the per-size optima they came from."""
@@ -379,7 +385,8 @@ def _tune_md(tune, out: Path) -> list[str]:
     rounds = list(dict.fromkeys(tune.runs["round"]))
     md = ["## Hyperparameters per size (tune stage)", "",
           f"Rounds {', '.join(rounds)}, one after the other at a few sizes (Porian et al. 2024): "
-          "an lr grid (parabola in log lr per size, power law lr\\*(N) over the sizes)"
+          "an lr grid (parabola in log lr per size, power law lr\\*(N) over the sizes; "
+          "lr\\*(N, D) with optima from two or more budgets)"
           + ("; a batch grid at lr\\*(N) with D fixed (parabola in log B, power law B\\*(N); "
              "assumes B\\* is tuned at lr\\*(N))" if "batch" in rounds else "")
           + ("; a beta2 grid at lr\\*(N) and the tuned batch (the beta2 with the lowest mean loss "
@@ -420,17 +427,17 @@ def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
         written += [out / p.name for p in tune.plots]
     elif lr_law:
         md += ["## Hyperparameters per size", "",
-               f"Every point's peak lr from the measured law lr\\*(N) = {lr_law['coef']:.4g} · "
-               f"N^{lr_law['exponent']:.3f} (sweep.lr_law, e.g. an earlier tune stage's law.json).",
+               f"Every point's peak lr from the measured law {_law_md(lr_law, 'lr')} "
+               "(sweep.lr_law, e.g. an earlier tune stage's law.json).",
                ""]
     elif laws_from:
         path, laws = laws_from
         md += ["## Hyperparameters per size", "",
                f"Every point's hyperparameters from an earlier tune stage (sweep.laws_from={path}):", ""]
         for variant, law in laws.items():
-            parts = [f"lr\\*(N) = {law['lr']['coef']:.4g} · N^{law['lr']['exponent']:.3f}"]
+            parts = [_law_md(law["lr"], "lr")]
             if "batch" in law:
-                parts.append(f"B\\*(N) = {law['batch']['coef']:.4g} · N^{law['batch']['exponent']:.3f} sequences")
+                parts.append(_law_md(law["batch"], "B") + " sequences")
             if "beta2" in law:
                 parts.append(f"β2 = {law['beta2']:g}")
             md.append(f"- `{variant}`: " + "; ".join(parts))

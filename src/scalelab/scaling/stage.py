@@ -212,7 +212,7 @@ def _record(
     law: dict[str, Any] = {"variants": {v: t.as_dict() for v, t in tuned.items()}, "notes": notes}
     if len(tuned) == 1 and next(iter(tuned.values())).lr is not None:
         only = next(iter(tuned.values())).lr  # the form sweep.lr_law takes, to reuse the law
-        law |= {"coef": only.coef, "exponent": only.exponent}
+        law |= only.law()
     (folder / "law.json").write_text(json.dumps(law, indent=2, default=float) + "\n")
     plots = [plot_tune(runs[runs["round"] == "lr"], tuned, folder / "tune.png")]
     if (runs["round"] != "lr").any():
@@ -238,6 +238,8 @@ def law_tags(tuned: dict[str, VariantTune]) -> dict[str, str]:
                     f"{key}_law_coef{sfx}": f"{law.coef:.6g}",
                     f"{key}_law_exponent{sfx}": f"{law.exponent:.4f}",
                 }
+                if law.d_exponent:
+                    tags[f"{key}_law_d_exponent{sfx}"] = f"{law.d_exponent:.4f}"
                 lines[f"{key}_law"].append(f"{law.describe()}{tag}")
         if t.beta2 is not None:
             tags[f"tuned_beta2{sfx}"] = f"{t.beta2.best:g}"

@@ -5,7 +5,8 @@ schedule), up to three rounds of runs are trained one after the other, each roun
 ones before it fitted (:data:`ROUNDS`):
 
 1. lr (``sweep.tune_lr_factors`` x the rule's lr): per size the parabola optimum in log lr,
-   then lr*(N) = coef * N^exponent over the sizes.
+   then lr*(N) = coef * N^exponent over the sizes; with two or more tune budgets,
+   lr*(N, D) = coef * N^exponent * D^d_exponent (scaling/tune_fit.py says why).
 2. batch (``sweep.tune_batch_factors`` x the global batch), every run at lr*(N): per size the
    parabola optimum in log B, then B*(N). D stays the point's D, so the steps change; a factor
    that gives a fractional batch, one the micro batch x devices do not divide, or fewer than
@@ -45,7 +46,7 @@ class VariantTune:
         for key in ("lr", "batch"):
             law = getattr(self, key)
             if law is not None:
-                out[key] = {"coef": law.coef, "exponent": law.exponent}
+                out[key] = law.law()
         if self.beta2 is not None:
             out["beta2"] = self.beta2.best
         return out
@@ -111,7 +112,7 @@ def _lr_of(p: PlanPoint, tuned: dict[str, VariantTune]) -> dict[str, float]:
     law = tuned[p.variant].lr
     if law is None:
         raise ValueError(f"tune stage: no lr*(N) for variant {p.variant}; the lr round comes first")
-    lr = float(law(p.n_params_matmul))
+    lr = float(law(p.n_params_matmul, p.tokens))
     return {"lr": lr, "lr_factor": lr / p.lr}
 
 
@@ -146,7 +147,7 @@ def beta2_round(plan: Plan, tuned: dict[str, VariantTune]) -> tuple[Plan, list[s
     out = []
     for p in tune_bases(plan):
         law = tuned[p.variant].batch
-        at = plan.rebatched(p, float(law(p.n_params_matmul))) if law is not None else p
+        at = plan.rebatched(p, float(law(p.n_params_matmul, p.tokens))) if law else p
         out += [
             _as_tune(at, beta2=b, tune_round="beta2", **_lr_of(p, tuned))
             for b in plan.spec.tune_beta2s

@@ -2,8 +2,13 @@
 
 Per size (one variant, one tune budget), a parabola in log x through the final losses of a grid
 of x (the peak lr, or the global batch) gives x*(N); a least-squares line in log-log space over
-the sizes gives x*(N) = coef * N^exponent. beta2 is one value per variant: the grid value with
-the lowest mean excess loss over the sizes. Pure numpy/pandas; no training, no MLflow.
+the sizes gives x*(N) = coef * N^exponent. With optima from two or more tune budgets, the same N
+is seen at several token counts D, and the fit is a plane: x*(N, D) = coef * N^exponent *
+D^d_exponent. One budget cannot separate the two, since along an IsoFLOP curve D ~ C / N; and a
+law in N alone, tuned at one budget, does not carry to 10x the tokens (the optimal lr falls and
+the critical batch grows with the training horizon; docs/scaling-study.md). beta2 is one value
+per variant: the grid value with the lowest mean excess loss over the sizes. Pure numpy/pandas;
+no training, no MLflow.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from .laws import law_text, law_value
 
 # the run column each power law is fitted to, and the sweep key of its grid (for the flags)
 GRID_KEYS = {"lr": "sweep.tune_lr_factors", "batch": "sweep.tune_batch_factors"}
@@ -24,29 +31,32 @@ MIN_INTERIOR, MIN_SPAN = 3, 4.0
 
 @dataclass
 class PowerLaw:
-    """x*(N) = coef * N^exponent for x = ``what`` (lr or batch), and the per-size optima."""
+    """x*(N[, D]) = coef * N^exponent [* D^d_exponent] for x = ``what`` (lr or batch), and the
+    per-size optima. d_exponent is 0 unless the optima came from two or more tune budgets."""
 
     what: str  # lr | batch
     coef: float
     exponent: float
-    sizes: pd.DataFrame  # N, budget, <what>_opt, loss_opt, n_grid, flagged, reason, used
+    sizes: pd.DataFrame  # N, budget, D, <what>_opt, loss_opt, n_grid, flagged, reason, used
     basis: str = "interior"  # interior: the line runs through interior optima only; all: edges too
+    d_exponent: float = 0.0
 
-    def __call__(self, n) -> np.ndarray:
-        return self.coef * np.asarray(n, float) ** self.exponent
+    def __call__(self, n, d=None) -> np.ndarray:
+        tokens = None if d is None else np.asarray(d, float)
+        return law_value(self.law(), np.asarray(n, float), tokens)
+
+    def law(self) -> dict[str, float]:
+        """The dict form the plan and law.json carry."""
+        out = {"coef": self.coef, "exponent": self.exponent}
+        return out | ({"d_exponent": self.d_exponent} if self.d_exponent else {})
 
     def as_dict(self) -> dict:
-        return {
-            "coef": self.coef,
-            "exponent": self.exponent,
-            "basis": self.basis,
-            "sizes": self.sizes.to_dict("records"),
-        }
+        return self.law() | {"basis": self.basis, "sizes": self.sizes.to_dict("records")}
 
     def describe(self) -> str:
-        """e.g. lr*(N) = 0.31 * N^-0.2500, B*(N) = 2.1 * N^0.3000 sequences."""
+        """e.g. lr*(N) = 0.31 * N^-0.2500, B*(N, D) = 2.1 * N^-0.3000 * D^0.2000 sequences."""
         name, unit = {"lr": ("lr", ""), "batch": ("B", " sequences")}[self.what]
-        return f"{name}*(N) = {self.coef:.4g} * N^{self.exponent:.4f}{unit}"
+        return law_text(self.law(), name) + unit
 
     def basis_note(self) -> str:
         """Why the line runs through edge optima too, or "" when it uses interior ones only."""
@@ -95,17 +105,22 @@ def grid_optimum(
 
 
 def fit_power_law(runs: pd.DataFrame, what: str = "lr") -> PowerLaw:
-    """``runs``: one row per tune run of one variant with N, budget, ``what``, loss (replicates
-    are averaged). The line runs through the interior optima when there are ``MIN_INTERIOR``
-    spanning ``MIN_SPAN`` in N, else through every size's best (``basis`` says which)."""
+    """``runs``: one row per tune run of one variant with N, budget, D, ``what``, loss
+    (replicates are averaged). The law runs through the interior optima when there are
+    ``MIN_INTERIOR`` spanning ``MIN_SPAN`` in N, else through every size's best (``basis`` says
+    which); through optima of two or more budgets it is a plane in (log N, log D)."""
     rows = []
-    g = runs.groupby(["N", "budget", what], as_index=False)["loss"].mean()
+    if "D" not in runs:  # runs without their tokens: a law in N alone
+        runs = runs.assign(D=np.nan)
+    g = runs.groupby(["N", "budget", what], as_index=False).agg(loss=("loss", "mean"),
+                                                               D=("D", "mean"))
     for (n, b), grp in g.groupby(["N", "budget"]):
         x, loss, why = grid_optimum(grp[what].to_numpy(), grp["loss"].to_numpy(), GRID_KEYS[what])
         rows.append(
             {
                 "N": float(n),
                 "budget": float(b),
+                "D": float(grp["D"].mean()),
                 f"{what}_opt": x,
                 "loss_opt": loss,
                 "n_grid": len(grp),
@@ -126,9 +141,25 @@ def fit_power_law(runs: pd.DataFrame, what: str = "lr") -> PowerLaw:
             f"tune stage: {what} optima at {use['N'].nunique()} distinct size(s); a "
             f"power law {what}*(N) needs >= 2 (raise sweep.tune_sizes)"
         )
-    slope, icpt = np.polyfit(np.log(use["N"]), np.log(use[f"{what}_opt"]), 1)
-    return PowerLaw(what=what, coef=float(np.exp(icpt)), exponent=float(slope), sizes=sizes,
-                    basis="interior" if enough else "all")
+    coef, exponent, d_exponent = _log_linear(use, what)
+    return PowerLaw(what=what, coef=coef, exponent=exponent, sizes=sizes,
+                    basis="interior" if enough else "all", d_exponent=d_exponent)
+
+
+def _log_linear(use: pd.DataFrame, what: str) -> tuple[float, float, float]:
+    """(coef, N exponent, D exponent) of log x* = log coef + p log N + q log D by least squares;
+    q = 0 (a line in log N) unless the optima span two or more budgets with a spare degree of
+    freedom: within one budget log D ~ log C - log N, so q is not identified there."""
+    y = np.log(use[f"{what}_opt"].to_numpy(float))
+    cols = [np.ones(len(use)), np.log(use["N"].to_numpy(float))]
+    if use["budget"].nunique() >= 2 and len(use) >= 4 and np.isfinite(use["D"]).all():
+        cols.append(np.log(use["D"].to_numpy(float)))
+    design = np.column_stack(cols)
+    if np.linalg.matrix_rank(design) < design.shape[1]:
+        design = design[:, :2]
+    beta = np.linalg.lstsq(design, y, rcond=None)[0]
+    q = float(beta[2]) if len(beta) == 3 else 0.0
+    return float(np.exp(beta[0])), float(beta[1]), q
 
 
 def fit_lr_law(runs: pd.DataFrame) -> PowerLaw:

@@ -46,6 +46,21 @@ def _grid_panel(
     ax.legend(fontsize=6)
 
 
+def _law_curves(law: Any) -> list[tuple[np.ndarray, Any, str]]:
+    """(N grid, D along it, label suffix) to draw a law: one line for a law in N; for a law in
+    (N, D), one per tune budget, with D following that budget's IsoFLOP curve (a line in
+    log N, log D through its sizes)."""
+    ns = np.geomspace(law.sizes["N"].min() / 2, law.sizes["N"].max() * 4, 50)
+    if not law.d_exponent:
+        return [(ns, None, "")]
+    out = []
+    for budget, sub in law.sizes.groupby("budget"):
+        ln, ld = np.log(sub["N"].to_numpy(float)), np.log(sub["D"].to_numpy(float))
+        slope, icpt = np.polyfit(ln, ld, 1) if len(sub) > 1 else (-1.0, ld[0] + ln[0])
+        out.append((ns, np.exp(icpt + slope * np.log(ns)), f" at C={budget:.3g}"))
+    return out
+
+
 def _law_panel(bx: Any, tuned: dict[str, VariantTune], what: str, unit: str) -> None:
     """Each variant's per-size optima and its fitted power law."""
     sym = {"lr": "lr", "batch": "B"}[what]
@@ -58,19 +73,19 @@ def _law_panel(bx: Any, tuned: dict[str, VariantTune], what: str, unit: str) -> 
         bx.plot(ok["N"], ok[f"{what}_opt"], "o", color=f"C{j}", label=f"optimum{tag}")
         if len(bad):
             bx.plot(bad["N"], bad[f"{what}_opt"], "x", color=f"C{j}", label=f"flagged{tag}")
-        ns = np.geomspace(law.sizes["N"].min() / 2, law.sizes["N"].max() * 4, 50)
-        bx.plot(
-            ns,
-            law(ns),
-            color=f"C{j}",
-            ls=STYLES[j % len(STYLES)],
-            label=f"{sym}* = {law.coef:.3g} N^{law.exponent:.3f}{tag}",
-        )
+        for k, (ns, ds, where) in enumerate(_law_curves(law)):
+            bx.plot(
+                ns,
+                law(ns, ds),
+                color=f"C{j}",
+                ls=STYLES[(j + k) % len(STYLES)],
+                label=law.describe().replace(" sequences", "") + where + tag,
+            )
     bx.set_xscale("log")
     bx.set_yscale("log")
     bx.set_xlabel("parameters N (matmul)")
     bx.set_ylabel(f"{sym}* ({unit})")
-    bx.set_title(f"fitted {sym}*(N)")
+    bx.set_title(f"fitted {sym}* (optima of every tune budget)")
     bx.legend(fontsize=7)
 
 
