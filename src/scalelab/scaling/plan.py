@@ -391,7 +391,7 @@ class Plan:
     # sequences the global batch must be a multiple of (micro batch x devices, when set)
     batch_quantum: int = 1
     # per variant, what the tune stage fitted: {"lr": {coef, exponent[, d_exponent]}, "batch":
-    # {coef, exponent[, d_exponent]}, "beta2": b} (each optional; tune_fit.law_value)
+    # {coef, exponent[, d_exponent]}, "beta2": b} (each optional; laws.law_value)
     tuned: dict[str, dict[str, Any]] | None = None
 
     def finalize(self) -> None:

@@ -4,9 +4,10 @@ Per size (one variant, one tune budget), a parabola in log x through the final l
 of x (the peak lr, or the global batch) gives x*(N); a least-squares line in log-log space over
 the sizes gives x*(N) = coef * N^exponent. With optima from two or more tune budgets, the same N
 is seen at several token counts D, and the fit is a plane: x*(N, D) = coef * N^exponent *
-D^d_exponent. One budget cannot separate the two, since along an IsoFLOP curve D ~ C / N; and a
-law in N alone, tuned at one budget, does not carry to 10x the tokens (the optimal lr falls and
-the critical batch grows with the training horizon; docs/scaling-study.md). beta2 is one value
+D^d_exponent. One budget cannot separate the two, since along an IsoFLOP curve D ~ C / N, and
+the optimal lr falls and the optimal batch grows with the training horizon. Neither law carries
+far beyond the tuned budgets: on cpu_medium a plane fitted at 4e9 and 4e10 made the 4e11 points
+up to 3.9 % worse (docs/scaling-study.md, eleventh session). beta2 is one value
 per variant: the grid value with the lowest mean excess loss over the sizes. Pure numpy/pandas;
 no training, no MLflow.
 """
@@ -54,7 +55,7 @@ class PowerLaw:
         return self.law() | {"basis": self.basis, "sizes": self.sizes.to_dict("records")}
 
     def describe(self) -> str:
-        """e.g. lr*(N) = 0.31 * N^-0.2500, B*(N, D) = 2.1 * N^-0.3000 * D^0.2000 sequences."""
+        """e.g. lr*(N) = 0.31 * N^-0.2500, B*(N, D) = 2.1 * N^-0.3000 * D^+0.2000 sequences."""
         name, unit = {"lr": ("lr", ""), "batch": ("B", " sequences")}[self.what]
         return law_text(self.law(), name) + unit
 
