@@ -64,6 +64,17 @@ def test_one_budget_gives_a_law_in_n_that_folds_the_d_exponent_in():
     assert law(4e3) > 1.5 * at_ten_times  # the N-only law overshoots lr* at 10x the budget
 
 
+def test_too_few_optima_over_two_budgets_give_a_line_and_say_so():
+    runs = _runs([1e10, 1e11])
+    keep = ((runs["budget"] == 1e10) & (runs["N"] < 1e4)) | (
+        (runs["budget"] == 1e11) & (runs["N"] == 1.6e4))
+    runs = runs[keep]  # 2 sizes at 1e10 and 1 at 1e11: 3 optima over 2 budgets
+    law = fit_power_law(runs, "lr")
+    assert law.d_exponent == 0.0 and law.basis == "interior"
+    assert "no law in (N, D): it needs >= 4 usable optima" in law.basis_note()
+    assert fit_power_law(_runs([1e10, 1e11]), "lr").basis_note() == ""
+
+
 def test_every_point_gets_the_lr_and_batch_of_its_own_n_and_d():
     plan = _plan()
     batch = {"coef": 0.05, "exponent": -0.1, "d_exponent": 0.3}

@@ -28,6 +28,7 @@ GRID_KEYS = {"lr": "sweep.tune_lr_factors", "batch": "sweep.tune_batch_factors"}
 # optima (N = 528 and 772) and 4 at the grid's small edge, and the line through the 2 gave
 # B*(N) ~ N^+0.98, i.e. 20x the batch at N = 16k, where every size said "smaller".
 MIN_INTERIOR, MIN_SPAN = 3, 4.0
+MIN_PLANE = 4  # optima for a plane in (log N, log D): 3 coefficients and a spare degree
 
 
 @dataclass
@@ -60,11 +61,18 @@ class PowerLaw:
         return law_text(self.law(), name) + unit
 
     def basis_note(self) -> str:
-        """Why the line runs through edge optima too, or "" when it uses interior ones only."""
-        if self.basis == "interior":
-            return ""
-        return (f"fewer than {MIN_INTERIOR} interior optima spanning {MIN_SPAN:g}x in N: fitted "
-                f"through every size's best, edges included; widen {GRID_KEYS[self.what]}")
+        """Why the law runs through edge optima too, and why optima of several budgets gave no
+        D term; "" when neither applies."""
+        notes = []
+        if self.basis != "interior":
+            notes.append(f"fewer than {MIN_INTERIOR} interior optima spanning {MIN_SPAN:g}x in N: "
+                         f"fitted through every size's best, edges included; widen "
+                         f"{GRID_KEYS[self.what]}")
+        used = self.sizes[self.sizes["used"]] if "used" in self.sizes else self.sizes
+        if not self.d_exponent and "budget" in used and used["budget"].nunique() >= 2:
+            notes.append(f"no law in (N, D): it needs >= {MIN_PLANE} usable optima over >= 2 "
+                         "budgets, with their token counts; a line in N alone")
+        return "; ".join(notes)
 
 
 @dataclass
@@ -153,7 +161,7 @@ def _log_linear(use: pd.DataFrame, what: str) -> tuple[float, float, float]:
     freedom: within one budget log D ~ log C - log N, so q is not identified there."""
     y = np.log(use[f"{what}_opt"].to_numpy(float))
     cols = [np.ones(len(use)), np.log(use["N"].to_numpy(float))]
-    if use["budget"].nunique() >= 2 and len(use) >= 4 and np.isfinite(use["D"]).all():
+    if use["budget"].nunique() >= 2 and len(use) >= MIN_PLANE and np.isfinite(use["D"]).all():
         cols.append(np.log(use["D"].to_numpy(float)))
     design = np.column_stack(cols)
     if np.linalg.matrix_rank(design) < design.shape[1]:
