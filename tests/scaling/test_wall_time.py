@@ -54,3 +54,49 @@ def test_points_launch_longest_first_and_keep_plan_order_without_estimates() -> 
     order = launch_order(points, {"a": 5.0, "b": 90.0, "c": 5.0, "d": 30.0})  # type: ignore[arg-type]
     assert [p.name for p in order] == ["b", "d", "a", "c"]
     assert [p.name for p in launch_order(points, {})] == ["a", "b", "c", "d"]  # type: ignore[arg-type]
+
+
+def _small_plan():
+    from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan
+
+    spec = SweepSpec(budgets=[2e9], sizes_per_budget=2, size_span=4.0)
+    family = FamilyConfig(head_dim=8, aspect_ratio=16, max_layers=2)
+    return make_plan(spec, family, {"vocab_size": 64, "max_seq_len": 32}, 4 * 32,
+                     train_tokens=10_000_000)
+
+
+def test_scoring_time_is_measured_per_shape_and_matches_scoring_the_set() -> None:
+    import time
+
+    from scalelab.model import ModelConfig, Transformer
+    from scalelab.scaling.heldout import measure_score_seconds, window_losses
+
+    plan = _small_plan()
+    n_tokens = 64 * 32 * 16  # 16 batches of 64 windows of 32 tokens; 2 are timed
+    secs = measure_score_seconds(plan, n_tokens)
+    shapes = {(p.n_layers, p.d_model, p.variant) for p in plan.points}
+    assert set(secs) == shapes and len(shapes) == 2
+    # the estimate for the largest shape against scoring a set of that size for real
+    big = max(plan.points, key=lambda p: p.n_params_matmul)
+    model = Transformer(ModelConfig.from_dict(plan.base_model | big.model_overrides))
+    windows = np.random.default_rng(1).integers(0, 64, size=(n_tokens // 32, 33))
+    window_losses(model, windows[:64])
+    t0 = time.perf_counter()
+    window_losses(model, windows)
+    real = time.perf_counter() - t0
+    est = secs[(big.n_layers, big.d_model, big.variant)]
+    assert real / 4 < est < real * 4  # a loaded machine moves both; a wrong scale is 8x off or more
+
+
+def test_the_estimate_adds_each_points_scoring_time() -> None:
+    from scalelab.scaling.plan import estimate_seconds
+
+    plan = _small_plan()
+    keys = {(p.n_layers, p.d_model, p.variant) for p in plan.points}
+    fps = dict.fromkeys(keys, 1e9)
+    score = {k: 10.0 * (i + 1) for i, k in enumerate(sorted(keys))}
+    plain = estimate_seconds(plan, fps, overhead_s=2.0)
+    scored = estimate_seconds(plan, fps, 2.0, score)
+    for p, a, b in zip(plan.points, plain, scored, strict=True):
+        assert a == pytest.approx(p.cost / 1e9 + 2.0)
+        assert b - a == pytest.approx(score[(p.n_layers, p.d_model, p.variant)])

@@ -62,24 +62,27 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str], dict[st
     return sweep_ov, train_ov, variants, launch_ov
 
 
-def _tune_preview(plan: Any, fps: dict | None, settings: Any) -> dict[str, Any]:
+def _tune_preview(plan: Any, speeds: tuple[dict, dict] | None, settings: Any) -> dict[str, Any]:
     """{round: (its runs before any law is known, their time estimates or None)}."""
     from scalelab.scaling.plan import estimate_seconds
     from scalelab.scaling.tune import preview_rounds
 
-    return {name: (tp, estimate_seconds(tp, fps, settings.run_overhead_s) if fps else None)
+    return {name: (tp, estimate_seconds(tp, speeds[0], settings.run_overhead_s, speeds[1])
+                   if speeds else None)
             for name, tp in preview_rounds(plan).items()}
 
 
-def _estimates(plan: Any, base: Any, settings: Any, console: Any) -> tuple[list[float] | None,
-                                                                         dict | None]:
-    """(each point's estimated seconds, the measured FLOP/s per shape), or (None, None)."""
+def _estimates(plan: Any, base: Any, settings: Any, console: Any
+               ) -> tuple[list[float] | None, tuple[dict, dict] | None]:
+    """(each point's estimated seconds, (training FLOP/s, held-out scoring seconds) per
+    shape), or (None, None)."""
     if not settings.estimate_time:
         return None, None
     if base.accelerator not in ("cpu", "auto"):
         console.print(f"[dim]no wall-time estimate: the runs use accelerator="
                       f"{base.accelerator}, this process times the CPU[/dim]")
         return None, None
+    from scalelab.scaling.heldout import measure_score_seconds
     from scalelab.scaling.plan import estimate_seconds, measure_flops_per_s
 
     t0 = time.time()
@@ -89,7 +92,16 @@ def _estimates(plan: Any, base: Any, settings: Any, console: Any) -> tuple[list[
     console.print(f"[dim]measured training throughput of {len(fps)} sizes in "
                   f"{time.time() - t0:.1f} s: {min(fps.values()):.2g}-{max(fps.values()):.2g} "
                   "FLOP/s[/dim]")
-    return estimate_seconds(plan, fps, settings.run_overhead_s), fps
+    score: dict = {}
+    if settings.heldout_tokens:
+        t0 = time.time()
+        # the sweep process scores each run's checkpoint with 1 thread while others train
+        score = measure_score_seconds(plan, settings.heldout_tokens, threads=1)
+        console.print(f"[dim]measured held-out scoring of {len(score)} sizes in "
+                      f"{time.time() - t0:.1f} s: {min(score.values()):.1f}-"
+                      f"{max(score.values()):.1f} s a run on {settings.heldout_tokens:,} "
+                      "tokens[/dim]")
+    return estimate_seconds(plan, fps, settings.run_overhead_s, score), (fps, score)
 
 
 def _parallel_jobs(settings: Any) -> int:
@@ -173,8 +185,8 @@ def run(argv: list[str]) -> int:
     base = resolve_base(settings.train_overrides)
     plan = build_plan(spec, family, settings, base)
     check_point_overrides(plan, spec, settings, base)
-    estimates, fps = _estimates(plan, base, settings, console)
-    tune = _tune_preview(plan, fps, settings) if spec.tune_lr_factors else None
+    estimates, speeds = _estimates(plan, base, settings, console)
+    tune = _tune_preview(plan, speeds, settings) if spec.tune_lr_factors else None
     print_plan(plan, estimates, console, _jobs_threads(settings)[0], tune)
     sweep_dir = sweep_dir_of(settings, base)
     if args.plan_only or settings.plan_only:

@@ -56,7 +56,7 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
         par = f"; {fmt_seconds(total / parallel)} with {parallel} runs at a time" if parallel > 1 else ""
         console.print(f"estimated wall time{' with the tune stage' if tune_s else ''}: "
                       f"{fmt_seconds(total)} one run after another{par} "
-                      "(throughput of each size measured here + start-up per run)")
+                      "(each size's training and any held-out scoring timed here, + start-up per run)")
 
 
 def _settings_line(plan: Any) -> str:

@@ -95,6 +95,42 @@ def evaluate_checkpoint(ckpt_path: Path, heldout: HeldoutSet, threads: int = 1) 
     return dict(zip(HELDOUT_KEYS, (loss, se, float(heldout.n_tokens)), strict=True))
 
 
+def measure_score_seconds(plan: Any, n_tokens: int, threads: int = 1,
+                          batches: int = 2) -> dict[tuple[int, int, str], float]:
+    """Seconds to score one checkpoint of each shape of ``plan`` on ``n_tokens`` held-out tokens.
+
+    Times ``window_losses`` on ``batches`` batches of random windows (after one to warm up) and
+    scales to the set's windows. The sweep scores in its own process while the runs train, so
+    on a full machine this time is taken from them: the wall-time estimate counts it."""
+    import time
+
+    import torch
+
+    from scalelab.model import ModelConfig, Transformer
+
+    block, batch = int(plan.seq_len), 64
+    n_windows = max(2, int(n_tokens) // block)
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(threads)))
+    out: dict[tuple[int, int, str], float] = {}
+    try:
+        for p in plan.points:
+            key = (p.n_layers, p.d_model, p.variant)
+            if key in out:
+                continue
+            cfg = ModelConfig.from_dict(plan.base_model | p.model_overrides)
+            model = Transformer(cfg)
+            windows = np.random.default_rng(0).integers(
+                0, cfg.vocab_size, size=(batch * (batches + 1), block + 1), dtype=np.int64)
+            window_losses(model, windows[:batch])  # allocations, kernels' first use
+            t0 = time.perf_counter()
+            window_losses(model, windows[batch:])
+            out[key] = (time.perf_counter() - t0) / (batch * batches) * n_windows
+    finally:
+        torch.set_num_threads(old)
+    return out
+
+
 def tokens_for_target(se: float, loss: float, n_tokens: int, target: float = 0.002) -> int:
     """Held-out tokens that would bring se / loss to ``target`` (se falls as 1/sqrt(tokens))."""
     if not (se > 0 and loss > 0):

@@ -980,7 +980,10 @@ def measure_flops_per_s(plan: Plan, micro_batch: int, time_budget_s: float = 8.0
 
 
 def estimate_seconds(plan: Plan, flops_per_s: dict[tuple[int, int, str], float],
-                     overhead_s: float = 0.0) -> list[float]:
-    """Estimated wall time of each point: its own FLOPs / measured FLOP/s + a start-up cost."""
-    return [p.cost / flops_per_s[(p.n_layers, p.d_model, p.variant)] + overhead_s
-            for p in plan.points]
+                     overhead_s: float = 0.0,
+                     score_s: dict[tuple[int, int, str], float] | None = None) -> list[float]:
+    """Estimated wall time of each point: its own FLOPs / measured FLOP/s + a start-up cost
+    (+ the held-out scoring of its checkpoint, ``score_s`` per shape, when the sweep scores)."""
+    score_s = score_s or {}
+    return [p.cost / flops_per_s[key] + overhead_s + score_s.get(key, 0.0)
+            for p in plan.points for key in [(p.n_layers, p.d_model, p.variant)]]
