@@ -82,7 +82,7 @@ def _estimates(plan: Any, base: Any, settings: Any, console: Any
         console.print(f"[dim]no wall-time estimate: the runs use accelerator="
                       f"{base.accelerator}, this process times the CPU[/dim]")
         return None, None
-    from scalelab.scaling.heldout import measure_score_seconds
+    from scalelab.scaling.heldout import measure_seconds_per_window, score_seconds
     from scalelab.scaling.plan import estimate_seconds, measure_flops_per_s
 
     t0 = time.time()
@@ -96,7 +96,8 @@ def _estimates(plan: Any, base: Any, settings: Any, console: Any
     if settings.heldout_tokens:
         t0 = time.time()
         # the sweep process scores each run's checkpoint with 1 thread while others train
-        score = measure_score_seconds(plan, settings.heldout_tokens, threads=1)
+        score = score_seconds(measure_seconds_per_window(plan, threads=1),
+                              settings.heldout_tokens, plan.seq_len)
         console.print(f"[dim]measured held-out scoring of {len(score)} sizes in "
                       f"{time.time() - t0:.1f} s: {min(score.values()):.1f}-"
                       f"{max(score.values()):.1f} s a run on {settings.heldout_tokens:,} "

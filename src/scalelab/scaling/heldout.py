@@ -23,6 +23,11 @@ import numpy as np
 HELDOUT_KEYS = ("final/heldout_loss", "final/heldout_se", "final/heldout_tokens")
 
 
+def window_count(n_tokens: int, block: int) -> int:
+    """Windows in a held-out set of ``n_tokens`` tokens (at least 2, for a standard error)."""
+    return max(2, int(n_tokens) // int(block))
+
+
 @dataclass
 class HeldoutSet:
     windows: np.ndarray  # int64 [n_windows, block + 1]
@@ -43,7 +48,7 @@ class HeldoutSet:
     @classmethod
     def from_tokens(cls, tokens: np.ndarray, block: int, n_tokens: int) -> HeldoutSet:
         """``n_tokens // block`` non-overlapping windows spread evenly over ``tokens``."""
-        n_windows = max(2, int(n_tokens) // int(block))
+        n_windows = window_count(n_tokens, block)
         stride = len(tokens) // n_windows
         if stride < block + 1:
             fit = len(tokens) // (block + 1)
@@ -95,13 +100,12 @@ def evaluate_checkpoint(ckpt_path: Path, heldout: HeldoutSet, threads: int = 1) 
     return dict(zip(HELDOUT_KEYS, (loss, se, float(heldout.n_tokens)), strict=True))
 
 
-def measure_score_seconds(plan: Any, n_tokens: int, threads: int = 1,
-                          batches: int = 2) -> dict[tuple[int, int, str], float]:
-    """Seconds to score one checkpoint of each shape of ``plan`` on ``n_tokens`` held-out tokens.
+def measure_seconds_per_window(plan: Any, threads: int = 1,
+                               batches: int = 2) -> dict[tuple[int, int, str], float]:
+    """Seconds ``window_losses`` takes per window of ``plan.seq_len`` tokens, for each shape.
 
-    Times ``window_losses`` on ``batches`` batches of random windows (after one to warm up) and
-    scales to the set's windows. The sweep scores in its own process while the runs train, so
-    on a full machine this time is taken from them: the wall-time estimate counts it."""
+    Times ``batches`` batches of 64 random windows with ``threads`` threads, after one batch
+    to warm up (allocations, kernels' first use)."""
     import time
 
     import torch
@@ -109,7 +113,6 @@ def measure_score_seconds(plan: Any, n_tokens: int, threads: int = 1,
     from scalelab.model import ModelConfig, Transformer
 
     block, batch = int(plan.seq_len), 64
-    n_windows = max(2, int(n_tokens) // block)
     old = torch.get_num_threads()
     torch.set_num_threads(max(1, int(threads)))
     out: dict[tuple[int, int, str], float] = {}
@@ -122,13 +125,23 @@ def measure_score_seconds(plan: Any, n_tokens: int, threads: int = 1,
             model = Transformer(cfg)
             windows = np.random.default_rng(0).integers(
                 0, cfg.vocab_size, size=(batch * (batches + 1), block + 1), dtype=np.int64)
-            window_losses(model, windows[:batch])  # allocations, kernels' first use
+            window_losses(model, windows[:batch])
             t0 = time.perf_counter()
             window_losses(model, windows[batch:])
-            out[key] = (time.perf_counter() - t0) / (batch * batches) * n_windows
+            out[key] = (time.perf_counter() - t0) / (batch * batches)
     finally:
         torch.set_num_threads(old)
     return out
+
+
+def score_seconds(per_window: dict[tuple[int, int, str], float], n_tokens: int,
+                  block: int) -> dict[tuple[int, int, str], float]:
+    """Seconds to score one checkpoint of each shape on a held-out set of ``n_tokens`` tokens.
+
+    The sweep scores in its own process while the runs train, so on a full machine this time
+    is taken from them: the wall-time estimate counts it."""
+    n = window_count(n_tokens, block)
+    return {key: s * n for key, s in per_window.items()}
 
 
 def tokens_for_target(se: float, loss: float, n_tokens: int, target: float = 0.002) -> int:
