@@ -20,6 +20,7 @@ import pandas as pd
 
 from scalelab.scaling.fit import fit_available
 from scalelab.scaling.fit_data import FitOptions
+from scalelab.scaling.fit_holdout import fmt_error
 
 
 def summary(runs: pd.DataFrame, n_boot: int, weights: str = "noise") -> dict[str, str]:
@@ -34,7 +35,8 @@ def summary(runs: pd.DataFrame, n_boot: int, weights: str = "noise") -> dict[str
         out[label] = "—" if e is None else f"{e.value:.3f}" + (
             "" if np.isnan(e.lo) else f" ±{(e.hi - e.lo) / 2:.3f}")
     ex = vf.extrapolation
-    out["hold-out error"] = "—" if ex is None else f"{ex.rel_error:+.2%}"
+    out["hold-out error"] = "—" if ex is None else fmt_error(ex.rel_error, ex.error_ci)
+    out["form-free hold-out"] = "—" if ex is None else fmt_error(ex.frontier_error, ex.frontier_error_ci)
     form = vf.form  # Approach 3's misfit against the points' noise (scaling/form_check.py)
     out["A3 rms / noise"] = "—" if form is None else (
         f"{form.rms:.2%} / {form.noise:.2%}" if form.measured else f"{form.rms:.2%} / —")

@@ -130,3 +130,58 @@ def test_unusable_curves_skip_approach1_with_reason():
     vf = res.variants["default"]
     assert vf.approach1 is None and "Approach 1" in vf.skipped[1]
     assert vf.approach2 is not None
+
+
+def _holdout(noise: float, seeds: int = 3, law=CHINCHILLA):
+    from scalelab.scaling.fit_synthetic import replicate
+
+    runs = isoflop_runs(sizes_per_budget=7, noise=0.0 if seeds > 1 else noise, law=law)
+    if seeds > 1:
+        runs = replicate(runs, k=seeds, noise=noise, law=law)
+    opts = FitOptions(approaches=(2, 3), grid="coarse", n_boot=30, seed=0)
+    return fit_scaling_laws(runs, options=opts).variants["default"].extrapolation
+
+
+@pytest.mark.parametrize("seeds", [3, 1])
+def test_the_hold_out_errors_have_intervals_that_tell_a_right_form_from_a_wrong_one(seeds):
+    # the data follow Chinchilla's law, floor included: Approach 3's form is the truth, so its
+    # error's interval covers 0; the floor-less power law through the minima predicts too low,
+    # and its interval says so
+    ex = _holdout(0.005, seeds)
+    assert ex.n_boot >= 27
+    lo, hi = ex.error_ci
+    assert lo < 0 < hi and lo <= ex.rel_error <= hi
+    flo, fhi = ex.frontier_error_ci
+    assert flo <= ex.frontier_error <= fhi < -0.01
+
+
+def test_the_hold_out_intervals_widen_with_the_points_noise():
+    quiet, noisy = _holdout(0.002), _holdout(0.01)
+    for attr in ("error_ci", "frontier_error_ci"):
+        (qlo, qhi), (nlo, nhi) = getattr(quiet, attr), getattr(noisy, attr)
+        assert nhi - nlo > 2 * (qhi - qlo), attr  # 5x the noise: the replicates are refitted
+
+
+def test_the_sweep_logs_both_hold_out_errors_and_their_intervals():
+    from scalelab.cli.sweep import _extrapolation_line
+
+    ex = _holdout(0.005)
+    metrics: dict[str, float] = {}
+    line = _extrapolation_line(ex, "", "", metrics)
+    assert metrics["fit/extrapolation_rel_error"] == ex.rel_error
+    assert (metrics["fit/extrapolation_rel_error_lo"], metrics["fit/extrapolation_rel_error_hi"]) == ex.error_ci
+    assert metrics["fit/extrapolation_frontier_rel_error_hi"] == ex.frontier_error_ci[1]
+    assert f"error {ex.rel_error:+.2%} [{ex.error_ci[0]:+.2%}, {ex.error_ci[1]:+.2%}]" in line
+
+
+def test_the_power_law_through_the_minima_is_checked_against_their_bootstrap_spread():
+    from scipy import stats
+
+    # E = 0: L_opt(C) is one power law, and the check agrees; with Chinchilla's floor the
+    # minima bend away from it, far beyond their noise
+    straight = _holdout(0.003, law={**CHINCHILLA, "E": 0.0})
+    assert straight.frontier_dof == 3 and stats.chi2.sf(straight.frontier_chi2, 3) > 0.05
+    lo, hi = straight.frontier_error_ci
+    assert lo < 0 < hi
+    bent = _holdout(0.003)
+    assert bent.frontier_dof == 3 and stats.chi2.sf(bent.frontier_chi2, 3) < 1e-6

@@ -1,5 +1,6 @@
 """scalelab-fit through a real subprocess: CSV in, table + report out; bad CSVs exit 2."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ def test_csv_fit_writes_report(tmp_path):
     assert p.returncode == 0, p.stderr
     for needle in ("approach3.alpha", "approach2.a", "approach1.a", "95% CI", "extrapolation to C=1e+20"):
         assert needle in p.stdout, needle
+    assert re.search(r"error [+-]\d+\.\d+% \[[+-]\d+\.\d+%, [+-]\d+\.\d+%\]", p.stdout)  # its interval
     assert {f.name for f in out.iterdir()} >= {"report.md", "report.html", "isoflop.png",
                                                "frontier.png", "parametric.png"}
     html = (out / "report.html").read_text()

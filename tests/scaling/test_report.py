@@ -34,7 +34,9 @@ def test_report_files_and_sections(results, tmp_path):
                    "Chinchilla (Hoffmann et al. 2022)", "Epoch AI replication", "406.4", "2085",
                    "### Extrapolation check", "Flagged and excluded", "C=1e+21", "![IsoFLOP profiles](isoflop.png)",
                    "One FLOPs convention throughout", "### Points each approach used", "### Noise",
-                   "Without a form in N and D: the power law L_opt"):
+                   "Without a form in N and D: the power law L_opt",
+                   "bootstrap replicates, each refitting both the prediction and the held-out minimum",
+                   "**Does L_opt follow one power law?**"):
         assert needle in md, needle
 
 

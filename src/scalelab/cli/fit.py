@@ -76,6 +76,7 @@ def print_results(results) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from scalelab.scaling.fit_holdout import fmt_error
     from scalelab.scaling.report import estimates_table
 
     console = Console()
@@ -104,9 +105,11 @@ def print_results(results) -> None:
         ex = vf.extrapolation
         if ex is not None:
             console.print(f"extrapolation to C={ex.held_out_budget:.3g}: predicted {ex.predicted_loss:.4f}, "
-                          f"actual {ex.actual_loss:.4f} ({ex.actual_source}), error {ex.rel_error:+.2%}"
+                          f"actual {ex.actual_loss:.4f} ({ex.actual_source}), error "
+                          f"{fmt_error(ex.rel_error, ex.error_ci)}"
                           + (f"; L_opt ∝ C^-{ex.frontier_gamma:.3f} through the other minima: "
-                             f"{ex.frontier_error:+.2%}" if ex.frontier_loss == ex.frontier_loss else ""))
+                             f"{fmt_error(ex.frontier_error, ex.frontier_error_ci)}"
+                             if ex.frontier_loss == ex.frontier_loss else ""))
     if results.comparison is not None:
         for r in results.comparison.to_dict("records"):
             if "loss_ratio" in r:

@@ -300,12 +300,17 @@ def _extrapolation_line(ex: Any, tag: str, prefix: str, metrics: dict[str, float
     """The hold-out check's summary line; its errors go into ``metrics``."""
     if ex is None:
         return f"extrapolation{tag}: needs >= 3 budgets (and >= 5 runs below the largest)"
-    metrics[f"fit/{prefix}extrapolation_rel_error"] = ex.rel_error
-    metrics[f"fit/{prefix}extrapolation_frontier_rel_error"] = ex.frontier_error
+    from scalelab.scaling.fit_holdout import fmt_error
+
+    for name, err, ci in (("extrapolation_rel_error", ex.rel_error, ex.error_ci),
+                          ("extrapolation_frontier_rel_error", ex.frontier_error, ex.frontier_error_ci)):
+        metrics[f"fit/{prefix}{name}"] = err
+        if ci[0] == ci[0]:  # not nan: the bootstrap ran
+            metrics[f"fit/{prefix}{name}_lo"], metrics[f"fit/{prefix}{name}_hi"] = ci
     return (f"extrapolation{tag}: fit without C={ex.held_out_budget:.3g} predicts "
             f"{ex.predicted_loss:.4f}, actual {ex.actual_loss:.4f} ({ex.actual_source}): error "
-            f"{ex.rel_error:+.2%}; the power law through the other IsoFLOP minima: "
-            f"{ex.frontier_error:+.2%}")
+            f"{fmt_error(ex.rel_error, ex.error_ci)}; the power law through the other IsoFLOP "
+            f"minima: {fmt_error(ex.frontier_error, ex.frontier_error_ci)}")
 
 
 def _form_line(form: Any, tag: str, prefix: str, metrics: dict[str, float]) -> str:

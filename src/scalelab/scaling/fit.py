@@ -23,6 +23,16 @@ import pandas as pd
 from scipy import special
 
 from .fit_data import FitInputError, FitOptions, measured_sigma, prepare_curves, prepare_runs
+from .fit_holdout import (
+    BOOT_KEYS,
+    ExtrapolationCheck,
+    actual_optimum,
+    frontier_fit_check,
+    frontier_prediction,
+    held_out_budget,
+    minima,
+    with_intervals,
+)
 from .fit_isoflop import EnvelopeFit, IsoFlopFit, fit_envelope, fit_isoflop
 from .fit_parametric import FlopsPerToken, ParametricFit, fit_parametric, init_grid, theta_of
 from .form_check import FormCheck, check_form
@@ -44,28 +54,6 @@ class Estimate:
         if math.isnan(self.lo):
             return v
         return f"{v} [{self.lo:.{digits}g}, {self.hi:.{digits}g}]"
-
-
-@dataclass
-class ExtrapolationCheck:
-    """Fit without the largest budget and predict that budget's compute-optimal loss."""
-
-    held_out_budget: float
-    n_train_points: int
-    predicted_loss: float  # Approach 3 (fitted without the budget) at its optimal (N, D)
-    actual_loss: float  # the held-out budget's parabola minimum, else its lowest loss
-    actual_source: str
-    rel_error: float  # (predicted - actual) / actual
-    predicted_n_opt: float = float("nan")  # Approach 2 power law without the budget
-    actual_n_opt: float = float("nan")  # the held-out budget's parabola vertex
-    # a second predictor that assumes no functional form in N and D: the power law
-    # L_opt = k C^-gamma through the other budgets' IsoFLOP minima (Kaplan's L(C))
-    frontier_loss: float = float("nan")
-    frontier_gamma: float = float("nan")
-
-    @property
-    def frontier_error(self) -> float:
-        return (self.frontier_loss - self.actual_loss) / self.actual_loss
 
 
 @dataclass
@@ -230,14 +218,18 @@ def _fit3(runs: pd.DataFrame, opts: FitOptions, **kw) -> ParametricFit:
                           tol=opts.tol, init=opts.init, method=opts.method, weights=weights, **kw)
 
 
-def _bootstrap(vf: VariantFit, opts: FitOptions, c_ref: float, rng: np.random.Generator) -> pd.DataFrame:
+def _warm_starts(theta: np.ndarray, opts: FitOptions) -> np.ndarray:
+    """Approach 3's starts in a bootstrap replicate: the full data's optimum plus a coarse grid."""
+    starts = np.atleast_2d(theta)
+    return np.vstack([starts, init_grid(opts.boot_grid)]) if opts.boot_grid != "none" else starts
+
+
+def _bootstrap(vf: VariantFit, opts: FitOptions, c_ref: float, rng: np.random.Generator,
+               holdout_start: np.ndarray | None = None) -> pd.DataFrame:
+    """One row of quantities per replicate; with a hold-out check, also its two errors refitted
+    on the replicate (``holdout_start``: the hold-out fit's warm starts)."""
     runs, rows = vf.runs, []
-    # Approach 3 replicates warm-start from the full-data optimum plus a coarse grid.
-    starts = None
-    if vf.approach3 is not None:
-        starts = theta_of(vf.approach3)[None]
-        if opts.boot_grid != "none":
-            starts = np.vstack([starts, init_grid(opts.boot_grid)])
+    starts = None if vf.approach3 is None else _warm_starts(theta_of(vf.approach3), opts)
     curves = endpoint_curves(runs)
     curve_ids = curves["run_id"].unique()
     for _ in range(opts.n_boot):
@@ -253,61 +245,60 @@ def _bootstrap(vf: VariantFit, opts: FitOptions, c_ref: float, rng: np.random.Ge
                     f2 = fit_isoflop(sample, opts.min_sizes_per_budget, opts.noise_weighted)
             if vf.approach3 is not None:
                 f3 = _fit3(sample, opts, starts=starts, polish=1)
-            rows.append(_quantities(f1, f2, f3, c_ref, vf.flops_per_token))
+            rows.append(_quantities(f1, f2, f3, c_ref, vf.flops_per_token)
+                        | _holdout_errors(sample, f2, vf, opts, holdout_start) | minima(f2))
             continue
         if vf.approach1 is not None:  # resample whole end-point curves (one per size)
             pick = rng.choice(curve_ids, len(curve_ids), replace=True)
             with contextlib.suppress(FitInputError):
                 f1 = fit_envelope(pd.concat([curves[curves["run_id"] == i] for i in pick]))
-        if vf.approach2 is not None:  # resample runs within each budget
-            parts = [g.iloc[rng.integers(0, len(g), len(g))] for _, g in runs.groupby("budget")]
+        # resample runs within each budget (Approach 2 and the hold-out check)
+        by_budget = pd.concat([g.iloc[rng.integers(0, len(g), len(g))] for _, g in runs.groupby("budget")])
+        if vf.approach2 is not None:
             with contextlib.suppress(FitInputError):
-                f2 = fit_isoflop(pd.concat(parts), opts.min_sizes_per_budget)
+                f2 = fit_isoflop(by_budget, opts.min_sizes_per_budget)
         if vf.approach3 is not None:  # resample runs
             sample = runs.iloc[rng.integers(0, len(runs), len(runs))]
             f3 = _fit3(sample, opts, starts=starts, polish=1)
-        rows.append(_quantities(f1, f2, f3, c_ref, vf.flops_per_token))
+        rows.append(_quantities(f1, f2, f3, c_ref, vf.flops_per_token)
+                    | _holdout_errors(by_budget, f2, vf, opts, holdout_start) | minima(f2))
     return pd.DataFrame(rows)
 
 
-def _extrapolate(vf: VariantFit, opts: FitOptions) -> ExtrapolationCheck | None:
-    runs = vf.runs
-    budgets = np.sort(runs["budget"].unique())
-    if len(budgets) < 3:
-        return None
-    held = float(budgets[-1])
-    train = runs[runs["budget"] < held]
-    test = runs[runs["budget"] == held]
-    if len(train) < opts.min_points_parametric:
-        return None
-    f3 = _fit3(train, opts)
-    predicted = float(f3.optimal_loss(held, vf.flops_per_token))
-    actual, source, n_actual = float(test["loss"].min()), "lowest observed loss", float("nan")
-    if vf.approach2 is not None:
-        row = vf.approach2.budgets[vf.approach2.budgets["budget"] == held]
-        if len(row) and not bool(row["flagged"].iloc[0]):
-            actual, source = float(row["loss_opt"].iloc[0]), "IsoFLOP parabola minimum"
-            n_actual = float(row["N_opt"].iloc[0])
+def _holdout(sample: pd.DataFrame, held: float, iso_all: IsoFlopFit | None, fpt: FlopsPerToken,
+             opts: FitOptions, **fit_kw) -> tuple[ExtrapolationCheck, ParametricFit]:
+    """The hold-out check on ``sample`` (the points, or one bootstrap replicate of them), and
+    Approach 3 fitted below ``held`` (a warm start for the replicates). ``iso_all``: Approach 2
+    on all of ``sample``, for the held-out budget's actual minimum."""
+    train, test = sample[sample["budget"] < held], sample[sample["budget"] == held]
+    f3 = _fit3(train, opts, **fit_kw)
+    predicted = float(f3.optimal_loss(held, fpt))
+    actual, source, n_actual = actual_optimum(test, iso_all, held)
     n_pred, frontier, gamma = float("nan"), float("nan"), float("nan")
-    if vf.approach2 is not None:
+    if iso_all is not None:
         with contextlib.suppress(FitInputError):
             iso = fit_isoflop(train, opts.min_sizes_per_budget, opts.noise_weighted)
             n_pred = float(iso.n_opt(held))
-            frontier, gamma = _frontier_prediction(iso.budgets, held)
-    return ExtrapolationCheck(held_out_budget=held, n_train_points=len(train), predicted_loss=predicted,
-                              actual_loss=actual, actual_source=source, rel_error=(predicted - actual) / actual,
-                              predicted_n_opt=n_pred, actual_n_opt=n_actual,
-                              frontier_loss=frontier, frontier_gamma=gamma)
+            frontier, gamma = frontier_prediction(iso.budgets, held)
+    check = ExtrapolationCheck(held_out_budget=held, n_train_points=len(train), predicted_loss=predicted,
+                               actual_loss=actual, actual_source=source,
+                               rel_error=(predicted - actual) / actual, predicted_n_opt=n_pred,
+                               actual_n_opt=n_actual, frontier_loss=frontier, frontier_gamma=gamma)
+    return check, f3
 
 
-def _frontier_prediction(budgets: pd.DataFrame, held: float) -> tuple[float, float]:
-    """(L_opt at ``held``, gamma) from ln L_opt = c - gamma ln C through the unflagged budgets'
-    parabola minima; nan with fewer than 2 of them."""
-    ok = budgets[~budgets["flagged"].astype(bool)]
-    if len(ok) < 2:
-        return float("nan"), float("nan")
-    slope, icpt = np.polyfit(np.log(ok["budget"].astype(float)), np.log(ok["loss_opt"].astype(float)), 1)
-    return float(np.exp(icpt + slope * math.log(held))), float(-slope)
+def _holdout_errors(sample: pd.DataFrame, iso_all: IsoFlopFit | None, vf: VariantFit,
+                    opts: FitOptions, start: np.ndarray | None) -> dict[str, float]:
+    """The two hold-out errors of one bootstrap replicate (nan where a fit fails)."""
+    if vf.extrapolation is None:
+        return {}
+    try:
+        kw = {} if start is None else {"starts": start, "polish": 1}
+        check, _ = _holdout(sample, vf.extrapolation.held_out_budget, iso_all, vf.flops_per_token,
+                            opts, **kw)
+    except (FitInputError, ValueError, np.linalg.LinAlgError):
+        return dict.fromkeys(BOOT_KEYS, float("nan"))
+    return dict(zip(BOOT_KEYS, (check.rel_error, check.frontier_error), strict=True))
 
 
 def fit_variant(runs: pd.DataFrame, curves: pd.DataFrame | None, opts: FitOptions, c_ref: float,
@@ -342,8 +333,19 @@ def fit_variant(runs: pd.DataFrame, curves: pd.DataFrame | None, opts: FitOption
         vf.used[3] = f"final losses of all {len(runs)} points (N, D, loss)"
         vf.form = check_form(vf.approach3, runs)
     point = _quantities(vf.approach1, vf.approach2, vf.approach3, c_ref, vf.flops_per_token)
+    holdout_start = None
+    held = held_out_budget(runs)
+    if opts.extrapolate and 3 in opts.approaches and held is not None \
+            and (runs["budget"] < held).sum() >= opts.min_points_parametric:
+        vf.extrapolation, f3_train = _holdout(runs, held, vf.approach2, vf.flops_per_token, opts)
+        holdout_start = _warm_starts(theta_of(f3_train), opts)
     if opts.n_boot > 0:
-        vf.boot = _bootstrap(vf, opts, c_ref, rng)
+        vf.boot = _bootstrap(vf, opts, c_ref, rng, holdout_start)
+        if vf.extrapolation is not None:
+            vf.extrapolation = with_intervals(vf.extrapolation, vf.boot, opts.ci)
+            if vf.approach2 is not None:
+                ex = vf.extrapolation
+                ex.frontier_chi2, ex.frontier_dof = frontier_fit_check(vf.approach2.budgets, vf.boot)
     lo_q, hi_q = (1 - opts.ci) / 2, 1 - (1 - opts.ci) / 2
     for k, v in point.items():
         col = vf.boot[k] if k in vf.boot else pd.Series(dtype=float)
@@ -352,8 +354,6 @@ def fit_variant(runs: pd.DataFrame, curves: pd.DataFrame | None, opts: FitOption
             vf.estimates[k] = Estimate(v, float(col.quantile(lo_q)), float(col.quantile(hi_q)), len(col))
         else:
             vf.estimates[k] = Estimate(v)
-    if opts.extrapolate and 3 in opts.approaches:
-        vf.extrapolation = _extrapolate(vf, opts)
     return vf
 
 

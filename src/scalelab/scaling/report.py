@@ -16,6 +16,7 @@ from scalelab.data.files import atomic_save_with, atomic_write_text
 
 from .fit import Estimate, ScalingResults, VariantFit
 from .fit_data import measured_sigma
+from .fit_holdout import fmt_error
 from .fit_synthetic import CHINCHILLA, EPOCH_2024
 from .laws import law_text
 
@@ -317,6 +318,25 @@ def _misfit_widened(vf: VariantFit) -> list[str]:
             f"intervals would be: {', '.join(parts)}.", ""]
 
 
+def _frontier_check_md(vf: VariantFit) -> list[str]:
+    """Is the form-free predictor's own model, one power law L_opt(C), borne out?"""
+    from scipy import stats
+
+    ex = vf.extrapolation
+    assert ex is not None
+    out = []
+    if ex.frontier_dof > 0:
+        p = float(stats.chi2.sf(ex.frontier_chi2, ex.frontier_dof))
+        verdict = "consistent" if p >= 0.05 else "**rejected** (p < 0.05)"
+        out.append(f"**Does L_opt follow one power law?** {verdict}: chi2 {ex.frontier_chi2:.1f} on "
+                   f"{ex.frontier_dof} dof (p = {p:.2g}) through all {ex.frontier_dof + 2} IsoFLOP "
+                   "minima, each weighted by its bootstrap spread.")
+    if vf.form is not None and vf.form.rejected:
+        out.append("Approach 3's form is rejected by its residuals (above), so its prediction "
+                   "carries that misfit; the form-free one rests only on the IsoFLOP minima.")
+    return [" ".join(out), ""] if out else []
+
+
 def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) -> list[str]:
     out = [f"## Variant `{vf.variant}`" if len(results.variants) > 1 else "## Fit", ""]
     for name, file in plots.items():
@@ -358,15 +378,21 @@ def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) 
                 f"{ex.held_out_budget:.3g} and predicted that budget's compute-optimal loss.", "",
                 "| predicted loss | actual loss | actual from | relative error | N_opt predicted (A2) | N_opt actual |",
                 "|---|---|---|---|---|---|",
-                f"| {ex.predicted_loss:.4f} | {ex.actual_loss:.4f} | {ex.actual_source} | {ex.rel_error:+.2%} | "
+                f"| {ex.predicted_loss:.4f} | {ex.actual_loss:.4f} | {ex.actual_source} | "
+                f"{fmt_error(ex.rel_error, ex.error_ci)} | "
                 f"{ex.predicted_n_opt:.4g} | {ex.actual_n_opt:.4g} |", ""]
+        if ex.n_boot:
+            out += [f"Intervals: {results.options.ci:.0%} over {ex.n_boot} bootstrap replicates, each "
+                    "refitting both the prediction and the held-out minimum.", ""]
         if np.isfinite(ex.frontier_loss):
             out += [f"Without a form in N and D: the power law L_opt ∝ C^-{ex.frontier_gamma:.3f} "
                     f"through the smaller budgets' IsoFLOP minima predicts {ex.frontier_loss:.4f} "
-                    f"({ex.frontier_error:+.2%}). It assumes no floor, so near an irreducible loss "
+                    f"({fmt_error(ex.frontier_error, ex.frontier_error_ci)}). It assumes no floor, "
+                    "so near an irreducible loss "
                     "it predicts too low; while the minima still fall by the same amount per "
                     "decade, a large gap between it and Approach 3 points at Approach 3's E, "
                     "poorly fixed by losses far above it.", ""]
+            out += _frontier_check_md(vf)
     if vf.skipped:
         out += ["Skipped: " + "; ".join(f"Approach {k}: {v}" for k, v in vf.skipped.items()), ""]
     return out
