@@ -132,14 +132,18 @@ def test_unusable_curves_skip_approach1_with_reason():
     assert vf.approach2 is not None
 
 
-def _holdout(noise: float, seeds: int = 3, law=CHINCHILLA):
+def _holdout_fit(noise: float, seeds: int = 3, law=CHINCHILLA):
     from scalelab.scaling.fit_synthetic import replicate
 
     runs = isoflop_runs(sizes_per_budget=7, noise=0.0 if seeds > 1 else noise, law=law)
     if seeds > 1:
         runs = replicate(runs, k=seeds, noise=noise, law=law)
     opts = FitOptions(approaches=(2, 3), grid="coarse", n_boot=30, seed=0)
-    return fit_scaling_laws(runs, options=opts).variants["default"].extrapolation
+    return fit_scaling_laws(runs, options=opts).variants["default"]
+
+
+def _holdout(noise: float, seeds: int = 3, law=CHINCHILLA):
+    return _holdout_fit(noise, seeds, law).extrapolation
 
 
 @pytest.mark.parametrize("seeds", [3, 1])
@@ -179,9 +183,15 @@ def test_the_power_law_through_the_minima_is_checked_against_their_bootstrap_spr
 
     # E = 0: L_opt(C) is one power law, and the check agrees; with Chinchilla's floor the
     # minima bend away from it, far beyond their noise
-    straight = _holdout(0.003, law={**CHINCHILLA, "E": 0.0})
+    from scalelab.scaling.report import _frontier_check_md
+
+    vf = _holdout_fit(0.003, law={**CHINCHILLA, "E": 0.0})
+    straight = vf.extrapolation
     assert straight.frontier_dof == 3 and stats.chi2.sf(straight.frontier_chi2, 3) > 0.05
     lo, hi = straight.frontier_error_ci
     assert lo < 0 < hi
-    bent = _holdout(0.003)
+    assert "power law?** consistent: chi2" in _frontier_check_md(vf)[0]
+    vf = _holdout_fit(0.003)
+    bent = vf.extrapolation
     assert bent.frontier_dof == 3 and stats.chi2.sf(bent.frontier_chi2, 3) < 1e-6
+    assert "power law?** **rejected** (p < 0.05)" in _frontier_check_md(vf)[0]

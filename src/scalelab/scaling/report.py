@@ -324,16 +324,20 @@ def _frontier_check_md(vf: VariantFit) -> list[str]:
 
     ex = vf.extrapolation
     assert ex is not None
-    out = []
+    out, straight = [], None
     if ex.frontier_dof > 0:
         p = float(stats.chi2.sf(ex.frontier_chi2, ex.frontier_dof))
-        verdict = "consistent" if p >= 0.05 else "**rejected** (p < 0.05)"
-        out.append(f"**Does L_opt follow one power law?** {verdict}: chi2 {ex.frontier_chi2:.1f} on "
-                   f"{ex.frontier_dof} dof (p = {p:.2g}) through all {ex.frontier_dof + 2} IsoFLOP "
-                   "minima, each weighted by its bootstrap spread.")
+        straight = p >= 0.05
+        out.append(f"**Does L_opt follow one power law?** "
+                   f"{'consistent' if straight else '**rejected** (p < 0.05)'}: chi2 "
+                   f"{ex.frontier_chi2:.1f} on {ex.frontier_dof} dof (p = {p:.2g}) through all "
+                   f"{ex.frontier_dof + 2} IsoFLOP minima, each weighted by its bootstrap spread.")
     if vf.form is not None and vf.form.rejected:
         out.append("Approach 3's form is rejected by its residuals (above), so its prediction "
-                   "carries that misfit; the form-free one rests only on the IsoFLOP minima.")
+                   "carries that misfit" + (
+                       "; the form-free one rests only on the minima, whose power law holds."
+                       if straight else "." if straight is None else
+                       "; so is the form-free one's power law: neither prediction is to be trusted."))
     return [" ".join(out), ""] if out else []
 
 
