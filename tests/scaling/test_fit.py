@@ -1,5 +1,7 @@
 """fit_scaling_laws end to end on synthetic data: CIs, extrapolation, conventions, variants, errors."""
 
+import functools
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -132,9 +134,11 @@ def test_unusable_curves_skip_approach1_with_reason():
     assert vf.approach2 is not None
 
 
-def _holdout_fit(noise: float, seeds: int = 3, law=CHINCHILLA):
+@functools.cache  # tests share fits: each takes seconds
+def _holdout_fit(noise: float, seeds: int = 3, floor: bool = True):
     from scalelab.scaling.fit_synthetic import replicate
 
+    law = CHINCHILLA if floor else {**CHINCHILLA, "E": 0.0}
     runs = isoflop_runs(sizes_per_budget=7, noise=0.0 if seeds > 1 else noise, law=law)
     if seeds > 1:
         runs = replicate(runs, k=seeds, noise=noise, law=law)
@@ -142,8 +146,8 @@ def _holdout_fit(noise: float, seeds: int = 3, law=CHINCHILLA):
     return fit_scaling_laws(runs, options=opts).variants["default"]
 
 
-def _holdout(noise: float, seeds: int = 3, law=CHINCHILLA):
-    return _holdout_fit(noise, seeds, law).extrapolation
+def _holdout(noise: float, seeds: int = 3, floor: bool = True):
+    return _holdout_fit(noise, seeds, floor).extrapolation
 
 
 @pytest.mark.parametrize("seeds", [3, 1])
@@ -160,7 +164,7 @@ def test_the_hold_out_errors_have_intervals_that_tell_a_right_form_from_a_wrong_
 
 
 def test_the_hold_out_intervals_widen_with_the_points_noise():
-    quiet, noisy = _holdout(0.002), _holdout(0.01)
+    quiet, noisy = _holdout(0.003), _holdout(0.01)
     for attr in ("error_ci", "frontier_error_ci"):
         (qlo, qhi), (nlo, nhi) = getattr(quiet, attr), getattr(noisy, attr)
         assert nhi - nlo > 2 * (qhi - qlo), attr  # 5x the noise: the replicates are refitted
@@ -185,7 +189,7 @@ def test_the_power_law_through_the_minima_is_checked_against_their_bootstrap_spr
     # minima bend away from it, far beyond their noise
     from scalelab.scaling.report import _frontier_check_md
 
-    vf = _holdout_fit(0.003, law={**CHINCHILLA, "E": 0.0})
+    vf = _holdout_fit(0.003, floor=False)
     straight = vf.extrapolation
     assert straight.frontier_dof == 3 and stats.chi2.sf(straight.frontier_chi2, 3) > 0.05
     lo, hi = straight.frontier_error_ci

@@ -244,13 +244,13 @@ def fit_isoflop(runs: pd.DataFrame, min_sizes: int = 3, weighted: bool = False) 
         coef, xv, reason, xv_sd = _parabola(g["N"], g["loss"], sigma)
         row.update(c2=coef[0], c1=coef[1], c0=coef[2], log_n_sd=xv_sd, flagged=bool(reason), reason=reason)
         if np.isfinite(xv):
-            n_opt = float(np.exp(xv))
             log_fpt = np.interp(xv, np.log(g["N"]), np.log(g["fpt"]))
             if xv < np.log(g["N"].iloc[0]) or xv > np.log(g["N"].iloc[-1]):  # extrapolate fpt ∝ N^p
                 p, k = np.polyfit(np.log(g["N"]), np.log(g["fpt"]), 1)
                 log_fpt = k + p * xv
-            row.update(N_opt=n_opt, D_opt=float(budget / np.exp(log_fpt)),
-                       loss_opt=float(np.polyval(coef, xv)))
+            with np.errstate(over="ignore"):  # a vertex far outside the sizes (flagged): inf
+                row.update(N_opt=float(np.exp(xv)), D_opt=float(budget / np.exp(log_fpt)),
+                           loss_opt=float(np.polyval(coef, xv)))
         rows.append(row)
     table = pd.DataFrame(rows).sort_values("budget").reset_index(drop=True)
     ok = table[~table["flagged"]]
