@@ -180,6 +180,8 @@ def test_the_sweep_logs_both_hold_out_errors_and_their_intervals():
     assert (metrics["fit/extrapolation_rel_error_lo"], metrics["fit/extrapolation_rel_error_hi"]) == ex.error_ci
     assert metrics["fit/extrapolation_frontier_rel_error_hi"] == ex.frontier_error_ci[1]
     assert f"error {ex.rel_error:+.2%} [{ex.error_ci[0]:+.2%}, {ex.error_ci[1]:+.2%}]" in line
+    assert metrics["fit/frontier_power_law_p"] == ex.frontier_p < 1e-6  # Chinchilla's floor bends it
+    assert f"(one power law through all the minima: p = {ex.frontier_p:.2g})" in line
 
 
 def test_the_power_law_through_the_minima_is_checked_against_their_bootstrap_spread():

@@ -307,10 +307,14 @@ def _extrapolation_line(ex: Any, tag: str, prefix: str, metrics: dict[str, float
         metrics[f"fit/{prefix}{name}"] = err
         if ci[0] == ci[0]:  # not nan: the bootstrap ran
             metrics[f"fit/{prefix}{name}_lo"], metrics[f"fit/{prefix}{name}_hi"] = ci
+    check = ""
+    if ex.frontier_dof > 0:  # is that power law itself borne out by all the minima?
+        metrics[f"fit/{prefix}frontier_power_law_p"] = ex.frontier_p
+        check = f" (one power law through all the minima: p = {ex.frontier_p:.2g})"
     return (f"extrapolation{tag}: fit without C={ex.held_out_budget:.3g} predicts "
             f"{ex.predicted_loss:.4f}, actual {ex.actual_loss:.4f} ({ex.actual_source}): error "
             f"{fmt_error(ex.rel_error, ex.error_ci)}; the power law through the other IsoFLOP "
-            f"minima: {fmt_error(ex.frontier_error, ex.frontier_error_ci)}")
+            f"minima: {fmt_error(ex.frontier_error, ex.frontier_error_ci)}{check}")
 
 
 def _form_line(form: Any, tag: str, prefix: str, metrics: dict[str, float]) -> str:

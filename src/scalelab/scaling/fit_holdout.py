@@ -55,6 +55,15 @@ class ExtrapolationCheck:
     def frontier_error(self) -> float:
         return (self.frontier_loss - self.actual_loss) / self.actual_loss
 
+    @property
+    def frontier_p(self) -> float:
+        """p-value of one power law L_opt(C) through all the minima (nan: not tested)."""
+        if self.frontier_dof <= 0:
+            return float("nan")
+        from scipy import stats
+
+        return float(stats.chi2.sf(self.frontier_chi2, self.frontier_dof))
+
 
 def held_out_budget(runs: pd.DataFrame) -> float | None:
     """The largest budget, when >= 3 budgets leave >= 2 to fit below it; else None."""

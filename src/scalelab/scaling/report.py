@@ -320,13 +320,11 @@ def _misfit_widened(vf: VariantFit) -> list[str]:
 
 def _frontier_check_md(vf: VariantFit) -> list[str]:
     """Is the form-free predictor's own model, one power law L_opt(C), borne out?"""
-    from scipy import stats
-
     ex = vf.extrapolation
     assert ex is not None
     out, straight = [], None
     if ex.frontier_dof > 0:
-        p = float(stats.chi2.sf(ex.frontier_chi2, ex.frontier_dof))
+        p = ex.frontier_p
         straight = p >= 0.05
         out.append(f"**Does L_opt follow one power law?** "
                    f"{'consistent' if straight else '**rejected** (p < 0.05)'}: chi2 "
