@@ -29,6 +29,7 @@ from scalelab.model.fused_layout import fused_splits
 from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
+from scalelab.training.lightning_fixes import skip_noop_result_moves
 from scalelab.training.optim import GroupSummary, build_optimizer, param_groups
 from scalelab.training.optimizer_layout import fuse_optimizer_state
 from scalelab.training.schedules import build_lr_lambda
@@ -105,6 +106,7 @@ class LMModule(pl.LightningModule):
         sample_top_k: int | None = 200,
     ) -> None:
         super().__init__()
+        skip_noop_result_moves()  # each self.log walked and deep-copied Lightning's holder
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
