@@ -28,9 +28,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from scalelab import lean_imports
 from scalelab.cli import hydra_ddp, trainer_args
 from scalelab.cli.resume import ResumePoint, check_branch_keys, check_resume_point, resume_point
 from scalelab.cli.run_folder import RunFolder
+from scalelab.cli.user_callbacks import user_callback_nodes
 from scalelab.config.compose import normalize_overrides
 from scalelab.config.schema import register
 from scalelab.config.spec import RunSpec, build_spec
@@ -66,6 +68,7 @@ def main() -> None:
 @hydra.main(version_base="1.3", config_path="pkg://scalelab.conf", config_name="train")
 def _hydra_main(cfg: DictConfig) -> float | None:
     """Hydra task; returns the final val loss (what a Hydra sweeper would minimize)."""
+    _lean_torchmetrics(cfg)
     hydra_ddp.begin_job(cfg)  # scale-out: torchrun layout, one GPU per joblib job
     try:
         summary = train(cfg)
@@ -80,6 +83,16 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         hydra_ddp.end_job()  # scale-out: join this job's ranks, reset the env for the next job
         release_frozen_heap()
     return summary.get("final_val_loss")
+
+
+def _lean_torchmetrics(cfg: DictConfig) -> None:
+    """Skip torchmetrics' optional imports (~3.5 s of start-up; scalelab/lean_imports.py)
+    unless a callback outside Lightning is configured: user code may use what they provide."""
+    targets = [str(node["_target_"]) for node in user_callback_nodes(cfg).values()]
+    if all(t.startswith(("pytorch_lightning.", "lightning.")) for t in targets):
+        lean_imports.install()
+    else:
+        lean_imports.uninstall()
 
 
 # --- the run ------------------------------------------------------------------------------
