@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.lockstep import Pipes, take_turns
+from scalelab.lean_imports import FULL_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(os.environ.get("SCALELAB_SHAKESPEARE", "/work/shared/data/tinyshakespeare.txt"))
@@ -238,8 +239,11 @@ def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads
     t0, ru0 = time.time(), child_cpu()
     turns: list[tuple[float, float, int]] = []
     with log_path.open("w") as log:
+        # the phase timer is a callback outside Lightning that uses no torchmetrics: the run
+        # starts as a user's would without it (scalelab/lean_imports.py)
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                pass_fds=pipes.run_ends if pipes else ())
+                                pass_fds=pipes.run_ends if pipes else (),
+                                env={**os.environ, FULL_ENV: "0"})
         try:
             if pipes is not None and partner is not None:
                 pipes.started()

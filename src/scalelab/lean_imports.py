@@ -13,7 +13,7 @@ real packages (the sweep's fits use scipy, the plots matplotlib, ``scalelab-expo
 transformers). Inside that process, torchmetrics' own features that need them (BERTScore,
 InfoLM, CLIP scores, ``Metric.plot``) say the package is missing; ``scalelab-train`` therefore
 keeps the full import when ``SCALELAB_FULL_TORCHMETRICS=1`` or when a callback outside
-Lightning (user code, which may use them) is configured.
+Lightning (user code, which may use them) is configured, unless the variable is ``0``.
 
 Imports nothing heavy: it must run before Lightning is loaded.
 """
@@ -23,12 +23,12 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import Any
 
 HIDDEN = ("scipy", "transformers", "matplotlib")  # what torchmetrics imports eagerly
-FULL_ENV = "SCALELAB_FULL_TORCHMETRICS"  # "1": import torchmetrics with everything
+FULL_ENV = "SCALELAB_FULL_TORCHMETRICS"  # "1": the full import; "0": lean even with user callbacks
 _FLAGS_MODULE = "torchmetrics.utilities.imports"
 NOTICE = (f"hidden from torchmetrics by scalelab for a faster start; set {FULL_ENV}=1 "
           "to use torchmetrics' features that need it")
@@ -96,16 +96,29 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def install() -> bool:
     """Hide :data:`HIDDEN` from the coming ``import torchmetrics``. False (and nothing done)
-    when torchmetrics is already imported, when the environment asks for the full import, or
-    when a finder is already installed."""
-    if "torchmetrics" in sys.modules or _finder() is not None:
-        return False
-    import os
-
-    if os.environ.get(FULL_ENV, "") not in ("", "0"):
+    when torchmetrics is already imported, when ``SCALELAB_FULL_TORCHMETRICS=1``, or when a
+    finder is already installed."""
+    if "torchmetrics" in sys.modules or _finder() is not None or _env() == "1":
         return False
     sys.meta_path.insert(0, _Finder())
     return True
+
+
+def install_for_run(callback_targets: Iterable[str]) -> bool:
+    """scalelab-train's rule: lean, unless ``SCALELAB_FULL_TORCHMETRICS=1``, or a callback
+    outside Lightning is configured (user code may use BERTScore or ``Metric.plot``) and the
+    variable is not ``0`` (which says it does not: the bench's phase timer)."""
+    outside = any(not t.startswith(("pytorch_lightning.", "lightning.")) for t in callback_targets)
+    if _env() == "1" or (outside and _env() != "0"):
+        uninstall()
+        return False
+    return install()
+
+
+def _env() -> str:
+    import os
+
+    return os.environ.get(FULL_ENV, "").strip()
 
 
 def uninstall() -> None:

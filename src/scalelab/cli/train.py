@@ -86,13 +86,9 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 
 def _lean_torchmetrics(cfg: DictConfig) -> None:
-    """Skip torchmetrics' optional imports (~3.5 s of start-up; scalelab/lean_imports.py)
-    unless a callback outside Lightning is configured: user code may use what they provide."""
-    targets = [str(node["_target_"]) for node in user_callback_nodes(cfg).values()]
-    if all(t.startswith(("pytorch_lightning.", "lightning.")) for t in targets):
-        lean_imports.install()
-    else:
-        lean_imports.uninstall()
+    """Skip torchmetrics' optional imports (~3.5 s of start-up) unless user code may need them
+    (the rule: scalelab/lean_imports.py)."""
+    lean_imports.install_for_run(str(n["_target_"]) for n in user_callback_nodes(cfg).values())
 
 
 # --- the run ------------------------------------------------------------------------------
