@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from types import ModuleType
@@ -116,8 +117,6 @@ def install_for_run(callback_targets: Iterable[str]) -> bool:
 
 
 def _env() -> str:
-    import os
-
     return os.environ.get(FULL_ENV, "").strip()
 
 
