@@ -22,8 +22,7 @@ def probe_tracking(spec: RunSpec, rank0: bool) -> str | None:
     any data is prepared."""
     if spec.logger.backend != "mlflow" or not rank0:
         return None
-    from scalelab.tracking.run import remote_env_defaults
-    from scalelab.tracking.store import probe, resolve_tracking_uri
+    from scalelab.tracking.store import probe, remote_env_defaults, resolve_tracking_uri
 
     uri = resolve_tracking_uri(spec.logger.tracking_uri, Path(spec.paths.root))
     remote_env_defaults()
@@ -31,38 +30,55 @@ def probe_tracking(spec: RunSpec, rank0: bool) -> str | None:
     return uri
 
 
-def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None, rank0: bool) -> Any:
-    """A Tracker on a new or reopened MLflow run; a NullTracker off rank 0 or without MLflow."""
+def spawn_tracking(spec: RunSpec, uri: str | None) -> Any:
+    """The run's tracking process (None without MLflow, off rank 0 or in a fast_dev_run),
+    started now: it loads MLflow on another core while this process loads torch and Lightning
+    and prepares the data (why: scalelab/tracking/process.py)."""
+    if uri is None or spec.fast_dev_run:
+        return None
+    from scalelab.tracking.process import TrackingProcess
+
+    return TrackingProcess(uri)
+
+
+def start_tracker(spec: RunSpec, process: Any, resume_run_id: str | None) -> Any:
+    """A tracker on a new or reopened MLflow run in ``process`` (from spawn_tracking); a
+    NullTracker without one."""
     from scalelab.tracking.null import NullTracker
 
-    if not rank0 or spec.logger.backend != "mlflow" or spec.fast_dev_run:
+    if process is None:
         return NullTracker()
     from scalelab.cli import naming
     from scalelab.tracking.meta import run_tags
-    from scalelab.tracking.run import Tracker
+    from scalelab.tracking.process import RemoteTracker
 
-    assert uri is not None
-    tags = run_tags(Path(spec.paths.root))
-    tags.update({
-        "scalelab.objective": spec.objective,
-        "scalelab.output_dir": str(spec.paths.output_dir),
-        "scalelab.data": spec.data.name,
-        "scalelab.tokenizer": spec.tokenizer.name,
-    })
-    tags.update({str(k): str(v) for k, v in spec.tags.items()})
-    run_name, name_tags = naming.resolve(spec)  # experiment + overrides; <name>-<job> in a multirun
-    tags.update(name_tags)
-    multirun_parent = None if resume_run_id else naming.multirun_parent(spec, uri)
+    uri = process.tracking_uri
+    try:
+        tags = run_tags(Path(spec.paths.root))
+        tags.update({
+            "scalelab.objective": spec.objective,
+            "scalelab.output_dir": str(spec.paths.output_dir),
+            "scalelab.data": spec.data.name,
+            "scalelab.tokenizer": spec.tokenizer.name,
+        })
+        tags.update({str(k): str(v) for k, v in spec.tags.items()})
+        run_name, name_tags = naming.resolve(spec)  # experiment + overrides; <name>-<job> in a multirun
+        tags.update(name_tags)
+        multirun_parent = None if resume_run_id else naming.multirun_parent(spec, uri)
+    except BaseException:
+        process.close()
+        raise
     logger = spec.logger
-    tracker = Tracker.start(
-        tracking_uri=uri, experiment_name=str(logger.experiment_name), run_name=run_name,
-        tags=tags, artifact_root=logger.artifact_root,
+    tracker = RemoteTracker.start(
+        process, tracking_uri=uri, experiment_name=str(logger.experiment_name),
+        run_name=run_name, tags=tags, artifact_root=logger.artifact_root,
         parent_run_id=logger.parent_run_id or multirun_parent, resume_run_id=resume_run_id,
         probe_timeout=float(logger.probe_timeout), folder=Path(str(spec.paths.output_dir)),
         outage_wait_s=float(logger.outage_wait_s),
         metrics_interval_s=float(logger.metrics_interval_s),
     )
-    tracker.multirun_parent_id = multirun_parent
+    if multirun_parent:
+        tracker.multirun_parent_id = multirun_parent
     return tracker
 
 

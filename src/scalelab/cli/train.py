@@ -101,7 +101,7 @@ class CheckedRun:
     model_cfg: ModelConfig  # with the tokenizer's vocabulary
     data: DataBundle
     point: ResumePoint  # the checkpoint to continue from (ckpt None: a fresh run)
-    tracking_uri: str | None
+    tracking: Any  # the TrackingProcess (None: nothing is tracked)
     folder: RunFolder
 
     @property
@@ -135,7 +135,7 @@ def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
 
     from scalelab.cli.tracking_setup import start_tracker
 
-    tracker = start_tracker(run.spec, run.tracking_uri, run.point.run_id, rank0)
+    tracker = start_tracker(run.spec, run.tracking, run.point.run_id)
     if rank0:
         from scalelab.cli.banner import print_start
 
@@ -148,6 +148,8 @@ def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
     except BaseException as e:
         _record_failure(run, tracker, e, rank0)
         raise
+    finally:
+        tracker.close()
     if rank0:
         from scalelab.cli.outputs import print_summary
 
@@ -172,8 +174,7 @@ def _validated_spec(cfg: DictConfig, folder: RunFolder) -> RunSpec:
 def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool) -> CheckedRun:
     """Choose the checkpoint, probe MLflow and prepare the data: every input error surfaces
     here, before the run folder is committed or an MLflow run exists."""
-    from scalelab.cli.torch_setup import setup_torch
-    from scalelab.cli.tracking_setup import probe_tracking
+    from scalelab.cli.tracking_setup import probe_tracking, spawn_tracking
     from scalelab.training.signals import is_slurm_requeue
 
     out_dir = folder.out_dir
@@ -183,12 +184,26 @@ def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool) -
         cfg.resume = spec.resume = True  # SLURM started this job again after a requeue: continue it
     point = resume_point(spec, out_dir)
     tracking_uri = probe_tracking(spec, rank0)  # dead server: fail now, before the data
+    tracking = spawn_tracking(spec, tracking_uri)
+    try:
+        model_cfg, data = _torch_and_data(spec, point, out_dir, rank0)
+    except BaseException:
+        if tracking is not None:
+            tracking.close()
+        raise
+    return CheckedRun(cfg, spec, model_cfg, data, point, tracking, folder)
+
+
+def _torch_and_data(spec: RunSpec, point: ResumePoint, out_dir: Path,
+                    rank0: bool) -> tuple[ModelConfig, DataBundle]:
+    from scalelab.cli.torch_setup import setup_torch
+
     setup_torch(spec)
     data = _prepare_data(spec, rank0)
     model_cfg = spec.with_vocab(data.vocab_size)
     check_resume_point(point, spec, out_dir, model_config=model_cfg.to_dict(),
                        tokenizer=data.tokenizer_spec)
-    return CheckedRun(cfg, spec, model_cfg, data, point, tracking_uri, folder)
+    return model_cfg, data
 
 
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,

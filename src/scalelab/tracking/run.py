@@ -10,7 +10,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +18,15 @@ import mlflow
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from pytorch_lightning.loggers import MLFlowLogger
 
+from scalelab.tracking.guard import StatusGuarded
 from scalelab.tracking.null import NullTracker
 from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
     experiment_artifact_location,
     is_remote,
     probe,
+    remote_env_defaults,
     sqlite_init_lock,
 )
 
@@ -40,73 +41,19 @@ for _name in ("alembic", "mlflow", "mlflow.store", "mlflow.tracking"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 
-class _RunLogger(MLFlowLogger):
-    """Lightning's MLFlowLogger bound to our run, minus what the Tracker owns.
-
-    - hyperparameters: the Tracker logs a curated flat set; Lightning's dump of hparams would
-      add noise and, on resume, clash with values already logged;
-    - status: the Tracker ends the run (FINISHED / FAILED / KILLED), not Lightning's finalize;
-    - resume: steps already in the run (logged after the checkpoint we resumed from, before the
-      kill) are skipped, so a metric never has two values at one step.
-    """
-
-    def __init__(self, tracker: Tracker, skip_until: dict[str, int]) -> None:
-        super().__init__(run_id=tracker.run_id, tracking_uri=tracker.tracking_uri)
-        self._skip_until = skip_until
-        self._client = _SpoolClient(tracker.spool)
-
-    @property
-    def experiment(self) -> Any:
-        """Lightning's metric calls go through the Tracker's spool (buffered in an outage)."""
-        return self._client
-
-    def log_hyperparams(self, params: Any) -> None:
-        return None
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        # Lightning adds `epoch` to every logged dict; runs are step-based, so it is noise.
-        metrics = {k: v for k, v in metrics.items() if k != "epoch"}
-        if not metrics:
-            return
-        if step is not None and self._skip_until:
-            metrics = {k: v for k, v in metrics.items() if step > self._skip_until.get(k, -1)}
-            if not metrics:
-                return
-        super().log_metrics(metrics, step)
-
-    def finalize(self, status: str = "success") -> None:
-        return None
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        """A text artifact of this run (e.g. samples/step_000100.txt), from a callback."""
-        self.experiment.log_text(self.run_id, text, artifact_file)
-
-
-class _SpoolClient:
-    """What MLFlowLogger calls ``experiment``: log_batch goes through the spool, reads go direct."""
-
-    def __init__(self, spool: Spool) -> None:
-        self._spool = spool
-
-    def log_batch(self, run_id: str, metrics: Any = (), params: Any = (), tags: Any = (),
-                  **_: Any) -> None:
-        self._spool.log_batch(metrics or (), params or (), tags or ())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._spool.client, name)
-
-
-def process_tags() -> dict[str, str]:
-    """Who runs the run: a RUNNING run whose process is gone can then be found and closed."""
+def process_tags(pid: int | None = None) -> dict[str, str]:
+    """Who runs the run (the training process ``pid``, default this one): a RUNNING run whose
+    process is gone can then be found and closed."""
     import socket
 
     import psutil
 
-    return {"scalelab.host": socket.gethostname(), "scalelab.pid": str(os.getpid()),
-            "scalelab.pid_start": f"{psutil.Process().create_time():.2f}"}
+    pid = os.getpid() if pid is None else pid
+    return {"scalelab.host": socket.gethostname(), "scalelab.pid": str(pid),
+            "scalelab.pid_start": f"{psutil.Process(pid).create_time():.2f}"}
 
 
-class Tracker:
+class Tracker(StatusGuarded):
     """Rank-0 handle on one MLflow run (new, or reopened for a resume)."""
 
     def __init__(self, client: MlflowClient, run_id: str, tracking_uri: str, resumed: bool,
@@ -122,12 +69,12 @@ class Tracker:
         self.experiment_id = run.info.experiment_id
         self.run_name: str | None = run.info.run_name
         self._existing_params = dict(run.data.params)
-        self._skip_until: dict[str, int] = {}
+        self.skip_until: dict[str, int] = {}
         if resumed:
             for key in run.data.metrics:
                 history = client.get_metric_history(run_id, key)
                 if history:
-                    self._skip_until[key] = max(m.step for m in history)
+                    self.skip_until[key] = max(m.step for m in history)
         self._system_monitor: Any = None
         self._ended = False
         self.multirun_parent_id: str | None = None  # set for --multirun jobs (tracking/multirun.py)
@@ -147,12 +94,14 @@ class Tracker:
         folder: Path | None = None,
         outage_wait_s: float = 120.0,
         metrics_interval_s: float = 0.0,
+        owner_pid: int | None = None,
     ) -> Tracker:
         """Create a run (or reopen ``resume_run_id``) in ``experiment_name``.
 
         ``folder`` (the run folder) holds the calls an outage kept from the server
         (mlflow_pending.jsonl); ``outage_wait_s`` is how long ``end`` waits for it to return;
-        metric values are sent at most every ``metrics_interval_s`` seconds (see Spool).
+        metric values are sent at most every ``metrics_interval_s`` seconds (see Spool);
+        ``owner_pid`` is the training process, when another process tracks for it.
         """
         probe(tracking_uri, timeout=probe_timeout)
         mlflow.set_tracking_uri(tracking_uri)  # for anything that uses the fluent API
@@ -171,14 +120,15 @@ class Tracker:
             if folder is not None:  # what the last session could not send goes first
                 replay_pending(client, resume_run_id, folder)
             client.update_run(resume_run_id, status="RUNNING")
-            client.log_batch(resume_run_id, tags=[RunTag(k, v) for k, v in process_tags().items()])
+            tags = [RunTag(k, v) for k, v in process_tags(owner_pid).items()]
+            client.log_batch(resume_run_id, tags=tags)
             log.info("resuming MLflow run %s", run.info.run_id)
             return cls(client, resume_run_id, tracking_uri, resumed=True, folder=folder,
                        outage_wait_s=outage_wait_s, metrics_interval_s=metrics_interval_s)
 
         exp_id = _get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
         all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in tags.items()},
-                    **process_tags()}
+                    **process_tags(owner_pid)}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
@@ -225,8 +175,18 @@ class Tracker:
         )
         self._system_monitor.start()
 
-    def lightning_logger(self) -> _RunLogger:
-        return _RunLogger(self, dict(self._skip_until))
+    def close(self) -> None:
+        """Nothing to release in-process (a RemoteTracker's process exits here)."""
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def lightning_logger(self) -> Any:
+        """Lightning's logger of this run (a RunLogger; Lightning is imported only here)."""
+        from scalelab.tracking.lightning import RunLogger
+
+        return RunLogger(self, self.skip_until)
 
     # --- ending ----------------------------------------------------------------------------
     def end(self, status: str = "FINISHED") -> bool:
@@ -262,25 +222,6 @@ class Tracker:
                     "replay %s`", status, self.run_id, self.tracking_uri, why,
                     len(self.spool.pending), self.spool.path or "memory only", where)
         return False
-
-    @contextlib.contextmanager
-    def status_guard(self) -> Iterator[None]:
-        """FINISHED when the block returns, KILLED on a signal or Ctrl-C, FAILED on any other error."""
-        try:
-            yield
-        except KeyboardInterrupt:
-            self.end("KILLED")
-            raise
-        except SystemExit:
-            # every SystemExit out of training is a stop from outside: Lightning's SIGTERM
-            # (SIGTERMException, code None), its Ctrl-C (sys.exit(1)) and our RunStopped
-            self.end("KILLED")
-            raise
-        except BaseException:
-            self.end("FAILED")
-            raise
-        else:
-            self.end("FINISHED")
 
 
 def _get_or_create_experiment(
@@ -321,13 +262,6 @@ def replay_pending(client: MlflowClient, run_id: str, folder: Path) -> int:
     (folder / "mlflow_pending.jsonl").unlink(missing_ok=True)
     log.warning("sent %d call(s) an earlier tracking outage had kept in %s", len(ops), folder)
     return len(ops)
-
-
-def remote_env_defaults() -> None:
-    """Give up on a dead server after one retry (a few seconds, not minutes): the Tracker's
-    spool then buffers the calls and replays them when it is back (overridable)."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
 __all__ = ["NullTracker", "Tracker", "is_remote", "process_tags", "remote_env_defaults",

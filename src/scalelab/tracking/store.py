@@ -93,3 +93,9 @@ def _unreachable(uri: str, why: str) -> str:
         "unset it to use the embedded store (sqlite:///<repo>/mlruns.db), or pass logger=none."
     )
 
+
+def remote_env_defaults() -> None:
+    """Give up on a dead server after one retry (a few seconds, not minutes): the Tracker's
+    spool then buffers the calls and replays them when it is back (overridable)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")

@@ -1,0 +1,182 @@
+"""MLflow in a process of its own, so the training process never imports it.
+
+Why: importing mlflow and opening its SQLAlchemy store cost ~4 s of CPU before the first step
+(docs/performance.md). The tracking process (scalelab/tracking/worker.py) is started as soon as
+the tracking URI is known and does that work on another core while the training process imports
+torch and Lightning and prepares the data. It then holds the run's Tracker (scalelab/tracking/
+run.py, unchanged): RemoteTracker here forwards each call and waits for its answer, so an error
+is raised where the call was made, and the tracker's log lines are emitted in this process (they
+reach the console and train.log as before).
+
+The tracking process ignores SIGINT/SIGTERM/SIGUSR1/SIGHUP: a stop is the training process's to
+handle, and it records the status through it. When the training process dies without closing
+it (SIGKILL), it sees its pipe close, sends the metric values it held back, and exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from scalelab.tracking import store
+from scalelab.tracking.guard import StatusGuarded
+
+log = logging.getLogger(__name__)
+CLOSE_WAIT_S = 30.0  # for the tracking process to exit once its pipe is closed
+
+
+class TrackingError(RuntimeError):
+    """An error of the tracking process that has no equivalent here (e.g. MlflowException)."""
+
+
+class TrackingProcessGone(RuntimeError):
+    """The tracking process exited before the run was closed."""
+
+
+class TrackingProcess:
+    """The tracking process of one run: started early, closed when the run is."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        self.tracking_uri = tracking_uri
+        parent_read, child_write = os.pipe()
+        child_read, parent_write = os.pipe()
+        level = logging.getLogger().getEffectiveLevel()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "scalelab.tracking.worker", str(child_read), str(child_write),
+             str(level), str(os.getpid()), tracking_uri],
+            pass_fds=(child_read, child_write), stdin=subprocess.DEVNULL, start_new_session=True)
+        os.close(child_read)
+        os.close(child_write)
+        self._send = Connection(parent_write, readable=False)
+        self._recv = Connection(parent_read, writable=False)
+        self._owed = 0  # replies not read yet (a call interrupted by an exception)
+        atexit.register(self.close)
+
+    def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``op`` in the tracking process and return its result (or raise its error)."""
+        try:
+            while self._owed:
+                self._recv.recv()
+                self._owed -= 1
+            self._send.send((op, args, kwargs))
+            self._owed += 1
+            status, value, records = self._recv.recv()
+            self._owed -= 1
+        except (OSError, EOFError) as e:
+            code = self.proc.poll()
+            raise TrackingProcessGone(
+                f"the MLflow tracking process (pid {self.proc.pid}) "
+                f"{'exited with code ' + str(code) if code is not None else 'stopped answering'}"
+                f" ({type(e).__name__}); see the lines above") from None
+        for record in records:
+            logging.getLogger(record["name"]).handle(logging.makeLogRecord(record))
+        if status == "err":
+            raise _rebuilt(*value)
+        return value
+
+    def close(self) -> None:
+        """Close the pipe and wait for the process to exit (idempotent)."""
+        atexit.unregister(self.close)
+        for conn in (self._send, self._recv):
+            with contextlib.suppress(OSError):
+                conn.close()
+        try:
+            self.proc.wait(timeout=CLOSE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _rebuilt(module: str, name: str, args: tuple[Any, ...], text: str) -> BaseException:
+    """The tracking process's exception as one of ours: builtins and scalelab.tracking.store's
+    keep their class (callers catch ValueError, OSError, TrackingServerUnreachable)."""
+    cls = getattr(builtins if module == "builtins" else store if module == store.__name__ else None,
+                  name, None)
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        with contextlib.suppress(Exception):
+            return cls(*args)
+    return TrackingError(f"{name}: {text}")
+
+
+class RemoteTracker(StatusGuarded):
+    """The Tracker of a run that lives in its TrackingProcess (same methods, same errors)."""
+
+    def __init__(self, process: TrackingProcess, info: Mapping[str, Any]) -> None:
+        self.process = process
+        self.run_id: str = info["run_id"]
+        self.run_name: str | None = info["run_name"]
+        self.experiment_id: str = info["experiment_id"]
+        self.tracking_uri: str = info["tracking_uri"]
+        self.resumed: bool = info["resumed"]
+        self.skip_until: dict[str, int] = dict(info["skip_until"])
+        self._multirun_parent_id: str | None = None
+        self._ended = False
+
+    @classmethod
+    def start(cls, process: TrackingProcess, **kwargs: Any) -> RemoteTracker:
+        """Tracker.start's arguments, run in ``process`` (which must be this run's alone)."""
+        try:
+            return cls(process, process.call("start", **kwargs))
+        except BaseException:
+            process.close()  # no run to track: nothing may be left running
+            raise
+
+    @property
+    def multirun_parent_id(self) -> str | None:
+        return self._multirun_parent_id
+
+    @multirun_parent_id.setter
+    def multirun_parent_id(self, run_id: str | None) -> None:
+        self._multirun_parent_id = run_id
+        self.process.call("set_multirun_parent", run_id)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self.process.call("log_params", dict(params))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self.process.call("log_metrics", dict(metrics), step)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self.process.call("set_tags", {str(k): str(v) for k, v in tags.items()})
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.process.call("log_artifact", Path(path), artifact_path)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.process.call("log_text", text, artifact_file)
+
+    def start_system_metrics(self, interval: float = 10.0) -> None:
+        self.process.call("start_system_metrics", interval)
+
+    def lightning_logger(self) -> Any:
+        from scalelab.tracking.lightning import RunLogger
+
+        return RunLogger(self, self.skip_until)
+
+    def end(self, status: str = "FINISHED") -> bool:
+        """Tracker.end in the tracking process. Never raises. Tags may still follow (why the
+        run stopped); ``close`` ends the process."""
+        if self._ended:
+            return True
+        self._ended = True
+        try:
+            return bool(self.process.call("end", status))
+        except Exception as e:
+            log.warning("could not record status %s of MLflow run %s: %s", status, self.run_id, e)
+            return False
+
+    def close(self) -> None:
+        """Let the tracking process exit (after ``end``; idempotent)."""
+        self.process.close()
+
+
+__all__ = ["RemoteTracker", "TrackingError", "TrackingProcess", "TrackingProcessGone"]
