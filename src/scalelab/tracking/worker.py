@@ -96,18 +96,22 @@ class Worker:
 
 
 def serve(conn_in: Connection, conn_out: Connection, worker: Worker, records: _Records) -> None:
+    """Answer requests until the training process closes the pipe (or is gone)."""
     while True:
         try:
             op, args, kwargs = conn_in.recv()
         except (EOFError, OSError):
-            if worker.tracker is None or not worker.tracker.ended:
-                worker.orphaned()
-            return
+            break
         try:
             reply: tuple[str, Any] = ("ok", worker.handle(op, args, kwargs))
         except BaseException as e:  # every error goes back to the caller
             reply = ("err", (type(e).__module__, type(e).__qualname__, _plain_args(e), str(e)))
-        conn_out.send((*reply, records.take()))
+        try:
+            conn_out.send((*reply, records.take()))
+        except OSError:  # it died waiting for this answer
+            break
+    if worker.tracker is None or not worker.tracker.ended:
+        worker.orphaned()
 
 
 def _plain_args(e: BaseException) -> tuple[Any, ...]:
