@@ -77,6 +77,10 @@ def test_a_run_recorded_through_the_tracking_process(tmp_path: Path,
 
 def test_errors_keep_their_class_and_close_the_process(tmp_path: Path) -> None:
     uri = sqlite_store(tmp_path / "mlruns.db")
+    idle = TrackingProcess(uri)  # a config error after the spawn: no run, nothing to wait for
+    t0 = time.monotonic()
+    idle.close()
+    assert idle.proc.returncode == -signal.SIGKILL and time.monotonic() - t0 < 5
     process = TrackingProcess(uri)
     with pytest.raises(RuntimeError, match="is not in"):
         RemoteTracker.start(process, tracking_uri=uri, experiment_name="unit", run_name="r",

@@ -3,6 +3,7 @@ params and config (all MLflow code itself is in scalelab.tracking)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,28 +18,26 @@ from scalelab.data.bundle import DataBundle
 from scalelab.model import ModelConfig
 
 
-def probe_tracking(spec: RunSpec, rank0: bool) -> str | None:
-    """The tracking URI (None without MLflow or off rank 0); a dead server fails here, before
-    any data is prepared."""
-    if spec.logger.backend != "mlflow" or not rank0:
-        return None
-    from scalelab.tracking.store import probe, remote_env_defaults, resolve_tracking_uri
-
-    uri = resolve_tracking_uri(spec.logger.tracking_uri, Path(spec.paths.root))
-    remote_env_defaults()
-    probe(uri, timeout=float(spec.logger.probe_timeout))
-    return uri
-
-
-def spawn_tracking(spec: RunSpec, uri: str | None) -> Any:
-    """The run's tracking process (None without MLflow, off rank 0 or in a fast_dev_run),
-    started now: it loads MLflow on another core while this process loads torch and Lightning
-    and prepares the data (why: scalelab/tracking/process.py)."""
-    if uri is None or spec.fast_dev_run:
-        return None
+def spawn_tracking(spec: RunSpec, rank0: bool) -> Any:
+    """A context holding the run's TrackingProcess (None without MLflow, off rank 0 or in a
+    fast_dev_run), started now: it loads MLflow on another core while this process loads torch
+    and Lightning and prepares the data (why: scalelab/tracking/process.py)."""
+    if spec.logger.backend != "mlflow" or not rank0 or spec.fast_dev_run:
+        return contextlib.nullcontext()
     from scalelab.tracking.process import TrackingProcess
+    from scalelab.tracking.store import remote_env_defaults, resolve_tracking_uri
 
-    return TrackingProcess(uri)
+    remote_env_defaults()  # before the process starts: it inherits them
+    return TrackingProcess(resolve_tracking_uri(spec.logger.tracking_uri, Path(spec.paths.root)))
+
+
+def probe_tracking(spec: RunSpec, process: Any) -> None:
+    """A dead tracking server fails here, before any data is prepared."""
+    if process is None:
+        return
+    from scalelab.tracking.store import probe
+
+    probe(process.tracking_uri, timeout=float(spec.logger.probe_timeout))
 
 
 def start_tracker(spec: RunSpec, process: Any, resume_run_id: str | None) -> Any:

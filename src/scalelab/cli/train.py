@@ -6,8 +6,9 @@
     scalelab-train --cfg job                         # print the composed config
     scalelab-train resume=true run_name=NAME         # continue the latest run named NAME
 
-Order of work: validate every config (no IO) -> probe the tracking server -> prepare data ->
-create/reopen the MLflow run -> fit -> final validation, sample, artifacts, summary.
+Order of work: validate the config (no IO) -> start the tracking process (it loads MLflow
+meanwhile) -> check the keys torch and Lightning own -> probe the tracking server -> prepare
+data -> create/reopen the MLflow run -> fit -> final validation, sample, artifacts, summary.
 
 Imports stay light up to the run itself: `--help`, composition and config errors never load
 Lightning or MLflow (each helper imports them where it needs them).
@@ -111,24 +112,29 @@ class CheckedRun:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run one training job from a composed config; returns the summary dict."""
+    from scalelab.cli.tracking_setup import spawn_tracking
+
     t_start = time.time()
     rank0 = is_global_zero()
     folder = RunFolder(_output_dir(cfg))
     with folder.abandoned_on_error(rank0):
-        spec = _validated_spec(cfg, folder)  # config errors: before Lightning is even imported
-    from scalelab.training.signals import STOP
+        spec = _built_spec(cfg, folder)  # config errors: before torch is even imported
+    with spawn_tracking(spec, rank0) as tracking:  # MLflow loads on another core from here on
+        with folder.abandoned_on_error(rank0):
+            _check_runtime_keys(cfg, spec)
+        from scalelab.training.signals import STOP
 
-    STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
-    try:
-        return _train(cfg, spec, folder, rank0, t_start)
-    finally:
-        STOP.uninstall()
+        STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
+        try:
+            return _train(cfg, spec, folder, rank0, t_start, tracking)
+        finally:
+            STOP.uninstall()
 
 
-def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
-           t_start: float) -> dict[str, Any]:
+def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool, t_start: float,
+           tracking: Any) -> dict[str, Any]:
     with folder.abandoned_on_error(rank0):  # nothing is written before the inputs are checked
-        run = _check_run(cfg, spec, folder, rank0)
+        run = _check_run(cfg, spec, folder, rank0, tracking)
     if rank0:
         folder.out_dir.mkdir(parents=True, exist_ok=True)
         folder.commit()
@@ -159,22 +165,29 @@ def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
     return summary
 
 
-def _validated_spec(cfg: DictConfig, folder: RunFolder) -> RunSpec:
-    """Every config error, before any IO."""
-    from scalelab.cli.torch_setup import check_precision
-
+def _built_spec(cfg: DictConfig, folder: RunFolder) -> RunSpec:
+    """Every config error that needs no torch, before any IO."""
     RunFolder.check_usable(folder.out_dir)
     spec = build_spec(cfg)
     check_branch_keys(spec)
-    check_precision(spec)
-    trainer_args.check(cfg)  # +trainer.<any Lightning arg>, +callbacks.<name>={_target_: ...}
     return spec
 
 
-def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool) -> CheckedRun:
+def _check_runtime_keys(cfg: DictConfig, spec: RunSpec) -> None:
+    """The keys that torch and Lightning check: precision, +trainer.<any Lightning arg>,
+    +callbacks.<name>={_target_: ...}."""
+    from scalelab.cli.torch_setup import check_precision
+
+    check_precision(spec)
+    trainer_args.check(cfg)
+
+
+def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
+               tracking: Any) -> CheckedRun:
     """Choose the checkpoint, probe MLflow and prepare the data: every input error surfaces
     here, before the run folder is committed or an MLflow run exists."""
-    from scalelab.cli.tracking_setup import probe_tracking, spawn_tracking
+    from scalelab.cli.torch_setup import setup_torch
+    from scalelab.cli.tracking_setup import probe_tracking
     from scalelab.training.signals import is_slurm_requeue
 
     out_dir = folder.out_dir
@@ -183,27 +196,13 @@ def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool) -
     if is_slurm_requeue() and not spec.ckpt_path and folder.last_checkpoint.exists():
         cfg.resume = spec.resume = True  # SLURM started this job again after a requeue: continue it
     point = resume_point(spec, out_dir)
-    tracking_uri = probe_tracking(spec, rank0)  # dead server: fail now, before the data
-    tracking = spawn_tracking(spec, tracking_uri)
-    try:
-        model_cfg, data = _torch_and_data(spec, point, out_dir, rank0)
-    except BaseException:
-        if tracking is not None:
-            tracking.close()
-        raise
-    return CheckedRun(cfg, spec, model_cfg, data, point, tracking, folder)
-
-
-def _torch_and_data(spec: RunSpec, point: ResumePoint, out_dir: Path,
-                    rank0: bool) -> tuple[ModelConfig, DataBundle]:
-    from scalelab.cli.torch_setup import setup_torch
-
+    probe_tracking(spec, tracking)  # dead server: fail now, before the data
     setup_torch(spec)
     data = _prepare_data(spec, rank0)
     model_cfg = spec.with_vocab(data.vocab_size)
     check_resume_point(point, spec, out_dir, model_config=model_cfg.to_dict(),
                        tokenizer=data.tokenizer_spec)
-    return model_cfg, data
+    return CheckedRun(cfg, spec, model_cfg, data, point, tracking, folder)
 
 
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,

@@ -59,7 +59,14 @@ class TrackingProcess:
         self._send = Connection(parent_write, readable=False)
         self._recv = Connection(parent_read, writable=False)
         self._owed = 0  # replies not read yet (a call interrupted by an exception)
+        self._run_started = False
         atexit.register(self.close)
+
+    def __enter__(self) -> TrackingProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``op`` in the tracking process and return its result (or raise its error)."""
@@ -69,6 +76,7 @@ class TrackingProcess:
                 self._owed -= 1
             self._send.send((op, args, kwargs))
             self._owed += 1
+            self._run_started = self._run_started or op == "start"
             status, value, records = self._recv.recv()
             self._owed -= 1
         except (OSError, EOFError) as e:
@@ -84,8 +92,12 @@ class TrackingProcess:
         return value
 
     def close(self) -> None:
-        """Close the pipe and wait for the process to exit (idempotent)."""
+        """Close the pipe and wait for the process to exit (idempotent). Before a run was
+        started it holds nothing: it is killed at once (a config error exits without waiting
+        for its warm-up)."""
         atexit.unregister(self.close)
+        if not self._run_started and self.proc.poll() is None:
+            self.proc.kill()
         for conn in (self._send, self._recv):
             with contextlib.suppress(OSError):
                 conn.close()

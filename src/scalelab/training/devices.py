@@ -1,8 +1,10 @@
-"""Which processes and devices a job has, without loading Lightning.
+"""Which processes and devices a job has, without loading Lightning (nor torch, unless
+``trainer.devices``/``accelerator`` are ``auto`` and CUDA must be asked).
 
 The CLI reads these before the config is validated (torchrun's layout fills
 ``trainer.devices: auto``; a joblib sweep on GPUs claims one device per job), so a config
-error costs no Lightning import. Strategies themselves live in ``training.distributed``.
+error costs no Lightning import, and the tracking process starts before torch loads.
+Strategies themselves live in ``training.distributed``.
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 # --- which processes, how many --------------------------------------------------------------
 
 
 def launched_by_torchrun() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_torchelastic_launched()
+    """torch.distributed.is_torchelastic_launched()'s test, without importing torch."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
 
 
 def torchrun_layout() -> tuple[int, int] | None:
@@ -50,6 +51,8 @@ def resolve_devices(accelerator: str, devices: Any, num_nodes: int = 1) -> tuple
     if isinstance(devices, (list, tuple)):
         count = len(devices)
     elif str(devices) in ("auto", "-1", "None"):
+        import torch
+
         gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
         count = max(1, torch.cuda.device_count()) if gpu else 1
     elif isinstance(devices, str) and "," in devices:  # "0,1" / "3,": these device indices
