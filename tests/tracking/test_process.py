@@ -106,11 +106,12 @@ def test_a_lost_tracking_process_is_one_clear_error(tmp_path: Path,
     tracker = _start(uri, tmp_path)
     tracker.process.proc.kill()
     tracker.process.proc.wait()
-    with pytest.raises(TrackingProcessGone, match=r"exited with code -9"):
+    with pytest.raises(TrackingProcessGone, match=r"was killed by SIGKILL"):
         tracker.log_metrics({"x": 1.0}, step=1)
     with caplog.at_level(logging.WARNING):
-        assert tracker.end("FINISHED") is False  # never raises: it runs on every way out
-    assert any("could not record status FINISHED" in r.getMessage() for r in caplog.records)
+        assert tracker.end("FAILED") is True  # recorded from here, never raised
+    assert any("recording status FAILED" in r.getMessage() for r in caplog.records)
+    assert MlflowClient(uri).get_run(tracker.run_id).info.status == "FAILED"
 
 
 ORPHAN = """
@@ -168,3 +169,32 @@ def test_scalelab_train_never_imports_mlflow_and_records_the_run(tmp_path: Path,
     run = MlflowClient(uri).get_run(summary["run_id"])
     assert run.info.status == "FINISHED" and run.data.params["n_layers"] == "1"
     assert run.data.metrics["val/loss"] > 0
+
+
+@pytest.mark.slow
+def test_a_killed_tracking_process_fails_the_run_in_one_line(tmp_path: Path, shared_data_dir: Path,
+                                                             train_cli) -> None:
+    import psutil
+    from tests.tracking.signal_helpers import training, wait_for_steps
+
+    uri = sqlite_store(tmp_path / "mlruns.db")
+    run_dir = tmp_path / "run"
+    args = ["model=gpt2_tiny", "data=shakespeare", "tokenizer=char", "train.global_batch_size=12",
+            f"data.path={shared_data_dir / 'tinyshakespeare.txt'}", "train.max_steps=100000",
+            "train.val_every=1000", "trainer.log_every_n_steps=1", "logger.metrics_interval_s=0",
+            "callbacks.sample.enabled=false", "optim.warmup_steps=1", "logger.log_checkpoint=false",
+            f"paths.output_dir={run_dir}", *train_cli.isolated(tmp_path, tracking_uri=uri)]
+    with training(train_cli.cmd(*args), train_cli.repo, train_cli.env()) as proc:
+        run_id = wait_for_steps(proc, run_dir, uri)
+        workers = [c for c in psutil.Process(proc.pid).children()
+                   if "scalelab.tracking.worker" in " ".join(c.cmdline())]
+        assert len(workers) == 1
+        workers[0].kill()  # the OOM killer's choice, say
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    errors = [ln for ln in out.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: the MLflow tracking process (pid {workers[0].pid}) was killed by "
+                      "SIGKILL"], out[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "FAILED"
+    assert MlflowClient(uri).get_run(run_id).info.status == "FAILED"  # recorded all the same

@@ -20,6 +20,7 @@ import builtins
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -38,8 +39,9 @@ class TrackingError(RuntimeError):
     """An error of the tracking process that has no equivalent here (e.g. MlflowException)."""
 
 
-class TrackingProcessGone(RuntimeError):
-    """The tracking process exited before the run was closed."""
+class TrackingProcessGone(OSError):
+    """The tracking process exited before the run was closed (an OSError: the CLI reports it
+    in one line)."""
 
 
 class TrackingProcess:
@@ -79,17 +81,24 @@ class TrackingProcess:
             self._run_started = self._run_started or op == "start"
             status, value, records = self._recv.recv()
             self._owed -= 1
-        except (OSError, EOFError) as e:
-            code = self.proc.poll()
-            raise TrackingProcessGone(
-                f"the MLflow tracking process (pid {self.proc.pid}) "
-                f"{'exited with code ' + str(code) if code is not None else 'stopped answering'}"
-                f" ({type(e).__name__}); see the lines above") from None
+        except (OSError, EOFError):
+            raise TrackingProcessGone(f"the MLflow tracking process (pid {self.proc.pid}) "
+                                      f"{self._how_it_ended()}") from None
         for record in records:
             logging.getLogger(record["name"]).handle(logging.makeLogRecord(record))
         if status == "err":
             raise _rebuilt(*value)
         return value
+
+    def _how_it_ended(self) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=1.0)
+        code = self.proc.returncode
+        if code is None:
+            return "stopped answering"
+        if code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
 
     def close(self) -> None:
         """Close the pipe and wait for the process to exit (idempotent). Before a run was
@@ -182,9 +191,37 @@ class RemoteTracker(StatusGuarded):
         self._ended = True
         try:
             return bool(self.process.call("end", status))
+        except TrackingProcessGone as e:
+            return self._end_here(status, e)
         except Exception as e:
             log.warning("could not record status %s of MLflow run %s: %s", status, self.run_id, e)
             return False
+
+    def _end_here(self, status: str, why: TrackingProcessGone) -> bool:
+        """The tracking process is gone (killed): record the status from this process, which
+        imports mlflow only now. Values it was holding back are lost (at most one interval)."""
+        log.warning("%s: recording status %s of MLflow run %s from the training process",
+                    why, status, self.run_id)
+        try:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=self.tracking_uri)
+            for run_id in filter(None, (self.run_id, self._multirun_parent_id)):
+                client.set_terminated(run_id, status)
+            return True
+        except Exception as e:
+            log.warning("could not record status %s of MLflow run %s: %s", status, self.run_id, e)
+            return False
+
+    def _how_it_ended(self) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=1.0)
+        code = self.proc.returncode
+        if code is None:
+            return "stopped answering"
+        if code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
 
     def close(self) -> None:
         """Let the tracking process exit (after ``end``; idempotent)."""
