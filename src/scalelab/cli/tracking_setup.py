@@ -41,8 +41,8 @@ def probe_tracking(spec: RunSpec, process: Any) -> None:
 
 
 def start_tracker(spec: RunSpec, process: Any, resume_run_id: str | None) -> Any:
-    """A tracker on a new or reopened MLflow run in ``process`` (from spawn_tracking); a
-    NullTracker without one."""
+    """A tracker on a new or reopened MLflow run in ``process`` (from spawn_tracking, whose
+    context closes it); a NullTracker without one."""
     from scalelab.tracking.null import NullTracker
 
     if process is None:
@@ -52,21 +52,17 @@ def start_tracker(spec: RunSpec, process: Any, resume_run_id: str | None) -> Any
     from scalelab.tracking.process import RemoteTracker
 
     uri = process.tracking_uri
-    try:
-        tags = run_tags(Path(spec.paths.root))
-        tags.update({
-            "scalelab.objective": spec.objective,
-            "scalelab.output_dir": str(spec.paths.output_dir),
-            "scalelab.data": spec.data.name,
-            "scalelab.tokenizer": spec.tokenizer.name,
-        })
-        tags.update({str(k): str(v) for k, v in spec.tags.items()})
-        run_name, name_tags = naming.resolve(spec)  # experiment + overrides; <name>-<job> in a multirun
-        tags.update(name_tags)
-        multirun_parent = None if resume_run_id else naming.multirun_parent(spec, uri)
-    except BaseException:
-        process.close()
-        raise
+    tags = run_tags(Path(spec.paths.root))
+    tags.update({
+        "scalelab.objective": spec.objective,
+        "scalelab.output_dir": str(spec.paths.output_dir),
+        "scalelab.data": spec.data.name,
+        "scalelab.tokenizer": spec.tokenizer.name,
+    })
+    tags.update({str(k): str(v) for k, v in spec.tags.items()})
+    run_name, name_tags = naming.resolve(spec)  # experiment + overrides; <name>-<job> in a multirun
+    tags.update(name_tags)
+    multirun_parent = None if resume_run_id else naming.multirun_parent(spec, uri)
     logger = spec.logger
     tracker = RemoteTracker.start(
         process, tracking_uri=uri, experiment_name=str(logger.experiment_name),

@@ -154,8 +154,6 @@ def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool, t_sta
     except BaseException as e:
         _record_failure(run, tracker, e, rank0)
         raise
-    finally:
-        tracker.close()
     if rank0:
         from scalelab.cli.outputs import print_summary
 

@@ -30,7 +30,6 @@ class NullTracker:
         return False  # Trainer(logger=False)
 
     def end(self, status: str = "FINISHED") -> None: ...
-    def close(self) -> None: ...
 
     @contextlib.contextmanager
     def status_guard(self) -> Iterator[None]:

@@ -175,9 +175,6 @@ class Tracker(StatusGuarded):
         )
         self._system_monitor.start()
 
-    def close(self) -> None:
-        """Nothing to release in-process (a RemoteTracker's process exits here)."""
-
     @property
     def ended(self) -> bool:
         return self._ended
