@@ -97,7 +97,10 @@ class TrackingProcess:
         if code is None:
             return "stopped answering"
         if code < 0:
-            return f"was killed by {signal.Signals(-code).name}"
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:  # a real-time signal has no name
+                return f"was killed by signal {-code}"
         return f"exited with code {code}"
 
     def close(self) -> None:
@@ -220,7 +223,10 @@ class RemoteTracker(StatusGuarded):
         if code is None:
             return "stopped answering"
         if code < 0:
-            return f"was killed by {signal.Signals(-code).name}"
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:  # a real-time signal has no name
+                return f"was killed by signal {-code}"
         return f"exited with code {code}"
 
     def close(self) -> None:
