@@ -5,11 +5,14 @@ Kept in one small file so a change of the training API touches only this module.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from scalelab.config.spec import RunSpec
 from scalelab.data.bundle import DataBundle
 from scalelab.model import ModelConfig
+
+log = logging.getLogger("scalelab.train")
 
 
 def build_module(spec: RunSpec, model_cfg: ModelConfig, data: DataBundle) -> Any:
@@ -44,6 +47,10 @@ def final_sample(spec: RunSpec, module: Any, data: DataBundle) -> str:
     import torch
 
     if not spec.callbacks.sample.enabled:
+        return ""
+    if module.weights_sharded():  # rank 0 alone cannot run sharded weights outside a forward
+        log.info("no final sample: the weights are sharded; sample from the consolidated "
+                 "checkpoint with scalelab-sample")
         return ""
     with torch.no_grad():
         if spec.objective == "causal":

@@ -161,6 +161,8 @@ class TextSampler(pl.Callback):
             return
         if getattr(pl_module, "tokenizer", None) is None or getattr(pl_module, "arch", "") != "decoder":
             return
+        if getattr(pl_module, "weights_sharded", lambda: False)():  # FSDP: rank 0 cannot run it
+            return
         text = pl_module.sample(
             self.prompt, self.max_new_tokens, self.temperature, self.top_k, seed=self.seed
         )

@@ -22,6 +22,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from pytorch_lightning.plugins.precision import MixedPrecision
+from pytorch_lightning.strategies import FSDPStrategy
 from torch import nn
 
 from scalelab.model import ModelConfig, Transformer
@@ -290,6 +291,14 @@ class LMModule(pl.LightningModule):
             if not self.optim_cfg.grad_clip:
                 return
             gradient_clip_val, gradient_clip_algorithm = self.optim_cfg.grad_clip, "norm"
+        if isinstance(self.trainer.strategy, FSDPStrategy) and gradient_clip_val > 0:
+            # Lightning's FSDPPrecision refuses norm clipping; the FSDP root module computes the
+            # norm over every rank's shards (a local clip_grad_norm_ would see one shard only).
+            if str(gradient_clip_algorithm or "norm").lower() == "value":
+                torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
+            else:
+                self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+            return
         plugin = self.trainer.precision_plugin
         if isinstance(plugin, MixedPrecision) and plugin.scaler is None and gradient_clip_val > 0:
             # bf16 autocast has no loss scaling, so clipping is safe with a fused optimizer;
@@ -378,19 +387,15 @@ class LMModule(pl.LightningModule):
             and trainer is not None
             and not trainer.sanity_checking
             and trainer.is_global_zero
-            and not self._sharded()
+            and not self.weights_sharded()
         ):
             self.last_sample = self.sample()
             self.samples.append((int(trainer.global_step), self.last_sample))
 
-    def _sharded(self) -> bool:
+    def weights_sharded(self) -> bool:
         """FSDP/DeepSpeed/ModelParallel shard the weights: outside a forward (here, at
         validation end) rank 0 alone cannot run the model, so in-training samples are skipped."""
-        from pytorch_lightning.strategies import (
-            DeepSpeedStrategy,
-            FSDPStrategy,
-            ModelParallelStrategy,
-        )
+        from pytorch_lightning.strategies import DeepSpeedStrategy, ModelParallelStrategy
 
         return isinstance(self.trainer.strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy))
 
