@@ -108,7 +108,7 @@ def main() -> int:
              f"tokens/s={s1.get('metrics', {}).get('final/tokens_per_s')}")
 
     # 2. the checkpoint is sharded (one folder, torch.distributed.checkpoint)
-    from scalelab.training.distributed import is_sharded_checkpoint
+    from scalelab.training.checkpoint import is_sharded_checkpoint
 
     last = out_dir / "checkpoints" / "last.ckpt"
     if fsdp:
