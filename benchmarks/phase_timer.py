@@ -13,7 +13,8 @@ bench's plain loop after every optimizer step from ``skip`` on: it writes one by
 waits for one byte on R while the bench runs one plain-loop step. Each turn's *cycle* is
 everything the run did since it got the turn back (Lightning's loop, data, callbacks, logging,
 the step itself) up to the end of its next optimizer step, so the two sides' step times come
-from the same seconds of the machine, A B A B, as the bench's plain loops do. The pauses are
+from the same seconds of the machine, A B A B, as the bench's plain loops do. On a GPU each
+step ends with a synchronize, as the plain loop's steps do. The pauses are
 recorded too, with the CPU the run's own threads used while it waited (charged to the run).
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
 
 from benchmarks.lockstep import RunTurns
 
@@ -56,6 +58,10 @@ class PhaseTimer(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        if getattr(pl_module, "device", torch.device("cpu")).type == "cuda":
+            # the step's GPU work, not its queueing: without this, work still queued when the
+            # turn passes runs in the plain loop's time (its steps synchronize at both ends)
+            torch.cuda.synchronize(pl_module.device)
         now = self._now()
         if self._start is not None:
             self.steps.append((now[0] - self._start[0], now[1] - self._start[1]))
