@@ -319,11 +319,23 @@ def phase_times(path: Path, t_end: float, cpu_total: float | None = None) -> dic
     return {"step_s": statistics.median(steps) if steps else None,
             "val_event_s": statistics.mean(gaps) if gaps else None,
             "after_fit_s": t_end - p["fit_end_unix"],
-            "first_step_cpu_s": p.get("first_step_cpu"),
+            # the tracking process's CPU up to the first step is start-up, up to the end of fit
+            # the run's logging; only what it uses after fit is end-of-run work (phase_timer.py)
+            "first_step_cpu_s": _plus(p.get("first_step_cpu"), p.get("first_step_helpers_cpu")),
+            "helpers_train_cpu_s": _minus(p.get("fit_end_helpers_cpu"), p.get("first_step_helpers_cpu")),
             # the same in CPU seconds of the run's process: robust to other jobs' load
             "step_cpu_s": statistics.median(c for _, c in p["steps"][3:] or p["steps"]),
             "val_event_cpu_s": statistics.mean(c for _, c in p["val_gaps"]) if gaps else None,
-            "after_fit_cpu_s": None if cpu_total is None else cpu_total - p["fit_end_cpu"]}
+            "after_fit_cpu_s": None if cpu_total is None
+            else cpu_total - p["fit_end_cpu"] - (p.get("fit_end_helpers_cpu") or 0.0)}
+
+
+def _plus(a: float | None, b: float | None) -> float | None:
+    return None if a is None else a + (b or 0.0)
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
 
 
 def projected_overhead(plat: dict[str, Any], max_steps: int, val_every: int,
@@ -381,7 +393,7 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
         res[f"{side}_tokens_per_cpu_s"] = loop.tokens / statistics.median(step_cpu[side])
     for key in ("tokens_per_s", "tokens_per_cpu_s", "wall_s", "time_to_first_step_s",
                 "overhead_share", "mfu", "step_s", "val_event_s", "after_fit_s",
-                "first_step_cpu_s", "step_cpu_s", "val_event_cpu_s", "after_fit_cpu_s",
+                "first_step_cpu_s", "step_cpu_s", "val_event_cpu_s", "after_fit_cpu_s", "helpers_train_cpu_s",
                 "partner_tokens_per_s", "partner_tokens_per_cpu_s", "background_cpu_share", "turns"):
         vals = [p[key] for p in plat if p.get(key) is not None]
         res[f"platform_{key}"] = statistics.median(vals) if vals else None

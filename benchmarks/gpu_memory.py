@@ -3,8 +3,9 @@
     python -m benchmarks.gpu_memory [--batch 16] [--seq 1024] [--json out.json]
 
 One forward and backward under bf16 autocast (the GPU bench's precision), at the GPU bench's
-shape, on the same weights and batch both ways: the peak allocated memory above what the weights,
-their gradients and the batch hold, the loss of each, and the largest gradient difference.
+shape, on the same weights and batch both ways: the peak allocated memory above what the weights
+and the batch hold (the gradients, 0.46 GiB in fp32, are inside both peaks), the loss of each,
+and the largest gradient difference.
 Without a CUDA device it says so and exits 2.
 """
 

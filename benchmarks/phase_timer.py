@@ -6,7 +6,8 @@ Per training batch: wall and CPU seconds from ``on_train_batch_start`` to ``on_t
 Between two batches: the gap, attributed to validation when a validation ran inside it (so it
 holds validation, the sample and the checkpoints Lightning writes at that validation). At the
 end of ``fit``: the time stamp, so the caller can measure what comes after (final validation,
-sample, checkpoint, MLflow upload, exit) from the process's end.
+sample, checkpoint, MLflow upload, exit) from the process's end, and the CPU used by then by the
+run's helper processes (the MLflow tracking process).
 
 With ``lockstep="R,W"`` (two pipe ends the bench passed down), the run takes turns with the
 bench's plain loop after every optimizer step from ``skip`` on: it writes one byte to W and
@@ -41,6 +42,7 @@ class PhaseTimer(pl.Callback):
         self._end: tuple[float, float] | None = None
         self._validated = False
         self.first_step_cpu: float | None = None
+        self.first_step_helpers_cpu: float | None = None
         self.turns = RunTurns.from_arg(lockstep)
         self.skip = skip
         self._last_step = -1
@@ -66,7 +68,7 @@ class PhaseTimer(pl.Callback):
         if self._start is not None:
             self.steps.append((now[0] - self._start[0], now[1] - self._start[1]))
         if self.first_step_cpu is None:  # CPU seconds since the process started: load-robust
-            self.first_step_cpu = now[1]
+            self.first_step_cpu, self.first_step_helpers_cpu = now[1], helpers_cpu()
         step = int(trainer.global_step)
         turns = self.turns
         if turns is not None and turns.active and step != self._last_step and step >= self.skip:
@@ -89,6 +91,24 @@ class PhaseTimer(pl.Callback):
         self.path.write_text(json.dumps({
             "steps": self.steps, "val_gaps": self.val_gaps, "other_gaps": self.other_gaps,
             "fit_end_unix": time.time(), "fit_end_cpu": time.process_time(),
-            "first_step_cpu": self.first_step_cpu,
+            "first_step_cpu": self.first_step_cpu, "first_step_helpers_cpu": self.first_step_helpers_cpu,
+            "fit_end_helpers_cpu": helpers_cpu(),
             **(self.turns.record() if self.turns is not None else {"cycles": [], "pauses": []}),
         }))
+
+
+def helpers_cpu() -> float:
+    """CPU seconds so far of the run's live child processes: the MLflow tracking process. The
+    bench reads a whole run's CPU from its process tree after exit, which counts the tracking
+    process's start-up (importing mlflow, on the other core before the first step) as if it came
+    after fit; these two readings put it where it happened."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.Error:  # exited meanwhile
+            continue
+        total += t.user + t.system
+    return total
