@@ -216,19 +216,6 @@ class RemoteTracker(StatusGuarded):
             log.warning("could not record status %s of MLflow run %s: %s", status, self.run_id, e)
             return False
 
-    def _how_it_ended(self) -> str:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=1.0)
-        code = self.proc.returncode
-        if code is None:
-            return "stopped answering"
-        if code < 0:
-            try:
-                return f"was killed by {signal.Signals(-code).name}"
-            except ValueError:  # a real-time signal has no name
-                return f"was killed by signal {-code}"
-        return f"exited with code {code}"
-
     def close(self) -> None:
         """Let the tracking process exit (after ``end``; idempotent)."""
         self.process.close()
