@@ -123,6 +123,13 @@ def test_compile_switch_keeps_checkpoint_keys() -> None:
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
     assert all(k.startswith("model.") and "_orig_mod" not in k for k in module.state_dict())
     assert "val/loss" in trainer.callback_metrics
+    # training ran forward + cross-entropy as one compiled graph; it computes the eager loss
+    assert module._compiled_loss is not None
+    batch = next(iter(loader(4, 4)))
+    compiled_sum, compiled_n = module._train_loss_sum(batch)
+    eager_sum, eager_n = module.token_loss_sum(module.model(batch["input_ids"]), batch["labels"])
+    assert int(compiled_n) == int(eager_n) > 0
+    torch.testing.assert_close(compiled_sum, eager_sum, rtol=1e-5, atol=1e-4)
 
 
 def test_fp16_loss_scaling_with_clipping_uses_foreach() -> None:
