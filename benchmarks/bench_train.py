@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +72,12 @@ PRESETS: dict[str, list[str]] = {
                     "callbacks.sample.enabled=false", "logger.log_checkpoint=false"],
 }
 # r50k_base holds GPT-2's ranks under tiktoken's one-file format, which an offline machine can be
-# given (docs/performance.md); the 3 special ids scalelab adds make the vocabulary 50,260
+# given (docs/performance.md). The 3 special ids scalelab adds make its vocabulary 50,260; the
+# model's is padded to 50,304 (a multiple of 128, as nanoGPT's), since unaligned output rows slow
+# the largest matmul. Batch 32 x 1024. benchmarks/gpu_levers.py measures both choices.
 GPU_COMMON = ["trainer=gpu", "trainer.precision=bf16-mixed", "train.compile=true",
-              "optim.fused=true", "train.block_size=1024", "train.global_batch_size=16",
-              "tokenizer=r50k_base", "model.vocab_size=null", "data=pystdlib"]
+              "optim.fused=true", "train.block_size=1024", "train.global_batch_size=32",
+              "tokenizer=r50k_base", "model.vocab_size=50304", "data=pystdlib"]
 GPU_PRESETS: dict[str, list[str]] = {
     "gpt2_124m": ["model=gpt2", *GPU_COMMON],
     # tied embeddings (as Llama 3.2 1B) and d_ff 2432 (19 x 128) bring it to GPT-2's size: 124.7M
@@ -156,8 +159,10 @@ class PlainLoop:
         self.batches = [{k: v.to(device) for k, v in b.items()} for b in prep["batches"]]
         self.key = "tgt_in" if prep["spec"].objective == "seq2seq" else "input_ids"
         self.tokens = self.last_tokens = self.batches[0][self.key].numel()
-        self.loss = loss_fn(side, prep["spec"].objective)
-        self.net = torch.compile(self.model) if compile else self.model
+        loss = loss_fn(side, prep["spec"].objective)
+        # compiled with its loss, as nanoGPT's forward returns it: the cross-entropy fuses with
+        # the logits' upcast (the platform compiles the same pair)
+        self.loss = torch.compile(partial(loss, self.model)) if compile else partial(loss, self.model)
         self.device, self.amp, self.i = device, amp, 0
 
     def step(self) -> float:
@@ -165,7 +170,7 @@ class PlainLoop:
         self.i += 1
         self.last_tokens = b[self.key].numel()
         with torch.autocast(self.device, dtype=self.amp or torch.float32, enabled=self.amp is not None):
-            loss = self.loss(self.net, b)
+            loss = self.loss(b)
         loss.backward()
         if self.clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
@@ -385,7 +390,8 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
                 f"{s} {loop.tokens / step_cpu[s][-1]:,.0f}" for s, loop in loops.items())
             + f"; in {plat[-1]['turns']} turns: platform {plat[-1]['tokens_per_s']:,.0f} vs model "
             f"{plat[-1]['partner_tokens_per_s']:,.0f} tok/s "
-            f"({plat[-1]['tokens_per_s'] / plat[-1]['partner_tokens_per_s']:.2f})")
+            f"({plat[-1]['tokens_per_s'] / plat[-1]['partner_tokens_per_s']:.2f}); first step "
+            f"{fmt(plat[-1]['time_to_first_step_s'], '.1f')} s")
     res: dict[str, Any] = {"preset": name, "tokens_per_step": loops["model"].tokens,
                            "params": mcfg.n_params()}
     for side, loop in loops.items():

@@ -141,3 +141,16 @@ def test_levers_never_run_bf16_without_native_support() -> None:
     v = variants()
     assert {"eager/fused", "eager/foreach", "compile/fused"} <= set(v)
     assert ("eager/fused/bf16" in v) == cpu_has_native_bf16()
+
+
+def test_gpu_levers_runs_every_variant_on_cpu(tmp_path: Path) -> None:
+    """A mistake in the GPU lever script costs device minutes: its plumbing runs here, eager."""
+    out = tmp_path / "levers.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_levers", "--cpu-smoke", "--steps", "1",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())["variants"]
+    assert list(res) == ["baseline", "vocab 50304", "loss in graph", "batch 32"]
+    assert res["baseline"]["speedup_per_token"] == 1.0
+    assert res["vocab 50304"]["params"] - res["baseline"]["params"] == 44 * 32  # 44 padded rows, d 32
+    assert all(v["tokens_per_s"] > 0 for v in res.values())
