@@ -80,7 +80,7 @@ class LMModule(pl.LightningModule):
             micro-batches). Use ``batch.steps_from_budget`` for a token budget.
         bytes_per_token: val UTF-8 bytes per token (``PreparedData.bytes_per_token``); enables
             ``val/bpb`` (causal LM only).
-        compile: ``torch.compile`` the transformer (in ``configure_model``).
+        compile: ``torch.compile`` the training step's forward and loss as one graph.
         activation_checkpointing: recompute each block's activations in backward.
         tokenizer: anything with ``encode(str) -> list[int]`` and ``decode(list[int]) -> str``;
             used for text samples (causal) and for the eos id (seq2seq). Not saved.
@@ -123,8 +123,9 @@ class LMModule(pl.LightningModule):
         self._save_plain_hyperparameters(bool(activation_checkpointing))
         self.model = Transformer(mcfg)
         self.model.set_activation_checkpointing(activation_checkpointing)
-        self._compiled: nn.Module | None = None  # kept out of _modules: state_dict keys stay clean
-        self._compiled_loss: Any = None  # forward + loss as one compiled graph, built at step 1
+        # forward + loss as one compiled graph, built at the first training step; kept out of
+        # _modules, so state_dict keys stay clean
+        self._compiled_loss: Any = None
 
         # Counters over all devices and micro-batches; saved in checkpoints.
         self.tokens_seen: int = 0
@@ -170,17 +171,6 @@ class LMModule(pl.LightningModule):
         })
 
     # --- model ---------------------------------------------------------------------------
-    def configure_model(self) -> None:
-        if self.use_compile and self._compiled is None:
-            # Not registered as a submodule, so parameter names and checkpoints are unchanged,
-            # and sampling (variable lengths, KV cache) runs the eager model.
-            self.__dict__["_compiled"] = torch.compile(self.model)
-
-    @property
-    def net(self) -> nn.Module:
-        """The module to run for training/validation forwards (compiled when enabled)."""
-        return self._compiled if self._compiled is not None else self.model
-
     def on_fit_start(self) -> None:
         # A prompt the tokenizer cannot encode should fail now, not at the first validation.
         if self.sample_every_val and self.tokenizer is not None and self.arch == "decoder":
@@ -208,7 +198,9 @@ class LMModule(pl.LightningModule):
             # The loss compiles with the forward, so the cross-entropy fuses with the logits'
             # upcast: outside the graph it wrote and read the fp32 logits (3.3 GB a step at
             # GPT-2's 16 x 1024 x 50k). Built at the first step, from the module the strategy
-            # has set up by then.
+            # has set up by then. Only training compiles: validation and sampling run eager,
+            # since compiling the no-grad graph cost 13 s at GPT-2 124M on an H200, more than
+            # validation at the default val_batches takes in a whole run.
             self.__dict__["_compiled_loss"] = torch.compile(
                 _train_loss(self.model, type(self).logits_of, self.token_loss_sum))
         return self._compiled_loss(batch)
@@ -216,12 +208,12 @@ class LMModule(pl.LightningModule):
     # --- per-objective pieces ---------------------------------------------------------------
     @staticmethod
     def logits_of(net: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Logits [B, T, V] of ``net`` (the model, or its compiled form) for a batch dict."""
+        """Logits [B, T, V] of ``net`` for a batch dict."""
         raise NotImplementedError
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits [B, T, V] for a batch dict."""
-        return self.logits_of(self.net, batch)
+        return self.logits_of(self.model, batch)
 
     def batch_tokens(self, batch: dict[str, torch.Tensor]) -> tuple[int, int]:
         """(tokens this micro-batch processes on this device, sequence length for FLOPs)."""
