@@ -176,3 +176,12 @@ def test_final_values_read_tags_and_older_metrics() -> None:
     assert final_values({"final.val_loss": "2.5", "final.steps": "12", "other": "x"},
                         {"final/val_bpb": 3.0, "val/loss": 2.6}) == {
         "val_loss": 2.5, "steps": 12.0, "val_bpb": 3.0}
+
+
+def test_vocab_alignment_hint_only_for_an_unaligned_vocabulary_on_a_gpu() -> None:
+    from scalelab.cli.banner import vocab_alignment_hint
+
+    hint = vocab_alignment_hint(50260, on_gpu=True)
+    assert hint is not None and "model.vocab_size=50304" in hint
+    assert vocab_alignment_hint(50304, on_gpu=True) is None
+    assert vocab_alignment_hint(50260, on_gpu=False) is None  # measured to pay on a GPU only

@@ -173,6 +173,17 @@ def test_generate_sampling_top_k_and_eos() -> None:
     assert logits.shape == (1, 1, V)
 
 
+def test_generate_never_emits_the_rows_a_padded_vocabulary_adds() -> None:
+    model = Transformer(tiny()).eval()
+    # the last 4 rows made every position's likeliest tokens, as an untrained padding might be
+    model.lm_head.register_forward_hook(lambda m, i, out: out + torch.arange(V).ge(V - 4) * 100.0)
+    free = model.generate(ids(2, 3), max_new_tokens=8, temperature=0.0)
+    assert (free[:, 3:] >= V - 4).all()  # the test can fail: without the limit they win
+    for temperature in (0.0, 1.0):
+        out = model.generate(ids(2, 3), max_new_tokens=8, temperature=temperature, vocab_limit=V - 4)
+        assert out.shape == (2, 11) and out[:, 3:].max() < V - 4
+
+
 def test_generate_encoder_decoder() -> None:
     model = Transformer(tiny(arch="encoder_decoder")).eval()
     src = ids(2, 7)

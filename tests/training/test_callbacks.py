@@ -17,6 +17,9 @@ V, T = 32, 16
 class CharTok:
     """Enough of the Tokenizer interface for samples: ids are letters a..."""
 
+    def __init__(self, vocab_size: int = V) -> None:
+        self.vocab_size = vocab_size
+
     def encode(self, s: str) -> list[int]:
         return [ord(c) - 97 for c in s]
 
@@ -86,6 +89,11 @@ def test_text_sampler_and_builtin_sample() -> None:
     a = module.sample("ab", 6)
     assert torch.equal(state, torch.get_rng_state())
     assert a == module.sample("ab", 6) and len(a) == 8
+    # a padded vocabulary (model rows past the tokenizer's ids) never reaches decode()
+    padded = CausalLM(ModelConfig(vocab_size=64, max_seq_len=T, d_model=32, n_layers=2, n_heads=4),
+                      tokenizer=CharTok(vocab_size=26))
+    padded.model.lm_head.register_forward_hook(lambda m, i, out: out + torch.arange(64).ge(26) * 100.0)
+    assert all("a" <= c <= "z" for c in padded.sample("ab", 20, temperature=1.0))
 
 
 def test_grad_clip_from_optim_config_and_grad_norm_logged() -> None:

@@ -51,9 +51,25 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"tokens, {tokens * fpt:.3g} FLOPs)",
         f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data.vocab_size:,}",
         f"threads       : {threads_line()}",
-        RULE,
     ]
-    return lines
+    hint = vocab_alignment_hint(model_cfg.vocab_size, _on_gpu(str(spec.trainer.accelerator)))
+    return [*lines, *([f"hint          : {hint}"] if hint else []), RULE]
+
+
+def vocab_alignment_hint(vocab_size: int, on_gpu: bool) -> str | None:
+    """On a GPU, an output layer whose row count is not a multiple of 64 misses the tensor
+    cores' aligned kernels (GPT-2's 50,260 -> 50,304 made a step 1.14x faster on an H200)."""
+    if not on_gpu or vocab_size % 64 == 0:
+        return None
+    padded = -(-vocab_size // 128) * 128
+    return (f"vocab {vocab_size:,} is not a multiple of 64; model.vocab_size={padded} (padding "
+            f"rows no token uses) runs the output layer faster on a GPU (docs/performance.md)")
+
+
+def _on_gpu(accelerator: str) -> bool:
+    import torch
+
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
 
 def threads_line() -> str:

@@ -58,13 +58,14 @@ def main(argv: list[str] | None = None) -> int:
                 src = torch.tensor([tok.encode(args.prompt.strip())], device=args.device)
                 start = torch.tensor([[tok.bos_id]], device=args.device)
                 out = model.generate(start, args.max_new_tokens, temperature=0.0, src_ids=src,
-                                     eos_token_id=tok.eos_id)
+                                     eos_token_id=tok.eos_id, vocab_limit=tok.vocab_size)
                 ids = [t for t in out[0, 1:].tolist() if t != tok.eos_id]
                 text = tok.decode(ids)
             elif cfg.arch == "decoder":
                 ids = tok.encode(args.prompt) or [tok.eot_id]
                 x = torch.tensor([ids], dtype=torch.long, device=args.device)
-                out = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=top_k)
+                out = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=top_k,
+                                     vocab_limit=tok.vocab_size)
                 text = tok.decode(out[0].tolist())
             else:
                 print("error: encoder-only (MLM) checkpoints do not generate text", file=sys.stderr)

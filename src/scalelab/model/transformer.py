@@ -208,12 +208,15 @@ class Transformer(nn.Module):
                  top_k: int | None = None, *,
                  src_ids: torch.Tensor | None = None,
                  src_mask: torch.Tensor | None = None,
-                 eos_token_id: int | None = None) -> torch.Tensor:
+                 eos_token_id: int | None = None,
+                 vocab_limit: int | None = None) -> torch.Tensor:
         """Append up to max_new_tokens sampled tokens to input_ids [B, T]; returns [B, T + n].
 
         temperature=0 is greedy. Uses the KV cache; once the context holds max_seq_len tokens
         it keeps the last max_seq_len (as nanoGPT crops), re-filling the cache each step.
         After eos_token_id a row keeps emitting eos; all rows done -> stop early.
+        vocab_limit: sample only ids below it (the tokenizer's vocabulary): the rows a padded
+        vocabulary adds are no tokens, and an untrained model would otherwise emit them.
         """
         if not self.causal:
             raise ValueError("generate needs arch=decoder or encoder_decoder, not 'encoder'")
@@ -227,7 +230,7 @@ class Transformer(nn.Module):
         logits = self(ids[:, -window:], src_ids=src_ids, src_mask=src_mask, cache=cache)[:, -1]
         done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         for step in range(max_new_tokens):
-            nxt = sample_next(logits, temperature, top_k)
+            nxt = sample_next(logits[:, :vocab_limit], temperature, top_k)
             if eos_token_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
                 done |= nxt == eos_token_id

@@ -437,6 +437,7 @@ class LMModule(pl.LightningModule):
                 self.sample_tokens if max_new_tokens is None else int(max_new_tokens),
                 temperature=self.sample_temperature if temperature is None else float(temperature),
                 top_k=self.sample_top_k if top_k == -1 else top_k,
+                vocab_limit=getattr(self.tokenizer, "vocab_size", None),
             )
         return self.tokenizer.decode(out[0].tolist())
 
