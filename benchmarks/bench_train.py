@@ -85,13 +85,17 @@ GPU_PRESETS: dict[str, list[str]] = {
                    "model.n_kv_heads=4", "model.max_seq_len=1024", "model.tie_embeddings=true",
                    "model.d_ff=2432", *GPU_COMMON],
 }
+# optimizer steps per lockstep turn on a GPU (benchmarks/phase_timer.py): each turn ends with a
+# synchronize; with one per step, the H200 run read (3)/(2) 0.96 as both sides' host work stopped
+# overlapping the GPU's
+GPU_TURN_STEPS = 10
 MODES = {  # presets, rounds, plain-loop steps per round, platform steps per run
     # quick: one round per preset (a platform run costs ~20 s of start-up and exit on top of its
     # steps: two rounds took 237 s); 110 platform steps (shakespeare_char warms up for 100)
     # with one mid-run validation at 55 timed, 30 interleaved plain-loop steps
     "quick": (["shakespeare_char", "pystdlib_small"], 1, 30, 110),
     "full": (list(PRESETS), 3, 60, 300),
-    "gpu": (list(GPU_PRESETS), 2, 30, 200),
+    "gpu": (list(GPU_PRESETS), 2, 10, 200),  # plain-loop turns of GPU_TURN_STEPS steps
 }
 
 
@@ -178,31 +182,34 @@ class PlainLoop:
         self.opt.zero_grad(set_to_none=True)
         return loss
 
-    def timed_step(self) -> tuple[float, float]:
-        """(wall seconds, CPU seconds of this process) of one step."""
+    def timed_step(self, steps: int = 1) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of this process) of ``steps`` steps, synchronized at both
+        ends only: on a GPU the host's work for a step overlaps the previous step's kernels."""
         sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
         sync()
         t0, c0 = time.perf_counter(), time.process_time()
-        self.step()
+        for _ in range(steps):
+            self.step()
         sync()
         return time.perf_counter() - t0, time.process_time() - c0
 
-    def timed_turn(self) -> tuple[float, float, int]:
-        """One step's (wall s, CPU s, tokens): the plain loop's turn against a platform run."""
-        wall, cpu = self.timed_step()
-        return wall, cpu, self.last_tokens
+    def timed_turn(self, steps: int = 1) -> tuple[float, float, int]:
+        """(wall s, CPU s, tokens) of the plain loop's turn against a platform run."""
+        wall, cpu = self.timed_step(steps)
+        return wall, cpu, self.last_tokens * steps
 
 
-def run_interleaved(loops: dict[str, PlainLoop], steps: int,
-                    skip: int = 3) -> dict[str, list[tuple[float, float]]]:
-    """(wall, CPU) seconds per step of each loop, alternating one step each (A B A B ...), so a
-    change in the machine's load hits both sides alike; the first ``skip`` steps are warm-up."""
+def run_interleaved(loops: dict[str, PlainLoop], steps: int, skip: int = 3,
+                    per_turn: int = 1) -> dict[str, list[tuple[float, float]]]:
+    """(wall, CPU) seconds per step of each loop, alternating turns of ``per_turn`` steps each
+    (A B A B ...), so a change in the machine's load hits both sides alike; ``steps`` turns are
+    timed after ``skip`` turns of warm-up."""
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in loops}
     for k in range(steps + skip):
         for side, loop in loops.items():
-            dt = loop.timed_step()
+            wall, cpu = loop.timed_step(per_turn)
             if k >= skip:
-                times[side].append(dt)
+                times[side].append((wall / per_turn, cpu / per_turn))
     return times
 
 
@@ -228,16 +235,16 @@ def create_store(workdir: Path) -> None:
 
 
 def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads: int,
-                 gpu: bool = False, partner: PlainLoop | None = None) -> dict[str, Any]:
+                 gpu: bool = False, partner: PlainLoop | None = None, turn: int = 1) -> dict[str, Any]:
     """One ``scalelab-train`` subprocess; ``steps`` None keeps the experiment's run length.
     With a ``partner`` plain loop, the two take turns step by step (benchmarks/lockstep.py) and
-    the steady state of both sides comes from those turns."""
+    the steady state of both sides comes from those turns of ``turn`` steps."""
     if not (workdir / "mlruns.db").exists():  # before the clock starts
         create_store(workdir)
     stamp = time.time_ns()
     out, phases, log_path = (workdir / f"{k}_{stamp}" for k in ("run", "phases", "log"))
     pipes = Pipes.open() if partner is not None else None
-    timer = f"path: '{phases}'" + (f", lockstep: '{pipes.callback_arg}'" if pipes else "")
+    timer = f"path: '{phases}'" + (f", lockstep: '{pipes.callback_arg}', every: {turn}" if pipes else "")
     args = [sys.executable, "-m", "scalelab.cli.train", *overrides,
             "+callbacks.bench_phases={_target_: benchmarks.phase_timer.PhaseTimer, " + timer + "}",
             *([f"train.max_steps={steps}"] if steps else []),
@@ -257,7 +264,7 @@ def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads
         try:
             if pipes is not None and partner is not None:
                 pipes.started()
-                turns = take_turns(proc, pipes, partner.timed_turn)
+                turns = take_turns(proc, pipes, partial(partner.timed_turn, turn))
         finally:
             proc.wait()
     t_end, cpu_total = time.time(), child_cpu() - ru0
@@ -271,7 +278,7 @@ def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads
            "steps": m.get("final/steps"), "cpu_total_s": cpu_total,
            **phase_times(phases, t_end, cpu_total)}
     if turns:  # the run's own rates and windows include its waits: the turns replace them
-        res.update(lockstep_rates(json.loads(phases.read_text()), turns))
+        res.update(lockstep_rates(json.loads(phases.read_text()), turns, steps_per_turn=turn))
         res["wall_s"] -= res["paused_s"]  # the run's own wall: without its waits for the bench
     elif s.get("run_id"):
         res["tokens_per_cpu_s"] = window_metric(workdir / "mlruns.db", s["run_id"], "tokens_per_cpu_sec")
@@ -284,7 +291,7 @@ def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads
 
 
 def lockstep_rates(phases: dict[str, Any], turns: list[tuple[float, float, int]],
-                   warmup: int = 2) -> dict[str, Any]:
+                   warmup: int = 2, steps_per_turn: int = 1) -> dict[str, Any]:
     """Steady-state tokens/s and tokens/CPU-s of both sides from their turns. The run's cycles
     that held a validation are left out (the overhead figures count those); the CPU the run's
     own threads used while it waited is charged to the run."""
@@ -296,8 +303,8 @@ def lockstep_rates(phases: dict[str, Any], turns: list[tuple[float, float, int]]
     tokens = sum(c[2] for c in steady)
     return {"tokens_per_s": tokens / sum(c[0] for c in steady),
             "tokens_per_cpu_s": tokens / run_cpu,
-            "step_s": statistics.mean(c[0] for c in steady),
-            "step_cpu_s": statistics.mean(c[1] for c in steady),
+            "step_s": statistics.mean(c[0] for c in steady) / steps_per_turn,
+            "step_cpu_s": statistics.mean(c[1] for c in steady) / steps_per_turn,
             "paused_s": sum(w for w, _ in phases["pauses"]),
             "background_cpu_share": pause_cpu / max(run_cpu, 1e-9),
             "partner_tokens_per_s": sum(t for *_, t in plain) / sum(w for w, _, _ in plain),
@@ -377,13 +384,14 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
     step_times: dict[str, list[float]] = {k: [] for k in loops}
     step_cpu: dict[str, list[float]] = {k: [] for k in loops}
     plat: list[dict[str, Any]] = []
+    turn = GPU_TURN_STEPS if gpu else 1
     for r in range(rounds):
-        for side, times in run_interleaved(loops, loop_steps).items():
+        for side, times in run_interleaved(loops, loop_steps, per_turn=turn).items():
             step_times[side].append(statistics.median(t for t, _ in times))
             step_cpu[side].append(statistics.median(c for _, c in times))
         # one validation mid-run as well as the last step's, so its cost is measured
         plat.append(run_platform([*overrides, f"train.val_every={max(1, platform_steps // 2)}"],
-                                 platform_steps, workdir, threads, gpu, partner=loops["model"]))
+                                 platform_steps, workdir, threads, gpu, partner=loops["model"], turn=turn))
         log(f"  {name} round {r + 1}/{rounds}: " + ", ".join(
             f"{s} {loop.tokens / step_times[s][-1]:,.0f} tok/s" for s, loop in loops.items())
             + "; per CPU-second: " + ", ".join(
@@ -644,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--presets", help="comma-separated subset of presets")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--platform-steps", type=int)
-    ap.add_argument("--loop-steps", type=int)
+    ap.add_argument("--loop-steps", type=int, help="plain-loop turns per round (GPU: 10 steps a turn)")
     ap.add_argument("--threads", action="store_true", help="run the thread bench (on in --full)")
     ap.add_argument("--no-train", action="store_true", help="skip the three-sided training bench")
     ap.add_argument("--to-loss", action="store_true",

@@ -14,9 +14,12 @@ bench's plain loop after every optimizer step from ``skip`` on: it writes one by
 waits for one byte on R while the bench runs one plain-loop step. Each turn's *cycle* is
 everything the run did since it got the turn back (Lightning's loop, data, callbacks, logging,
 the step itself) up to the end of its next optimizer step, so the two sides' step times come
-from the same seconds of the machine, A B A B, as the bench's plain loops do. On a GPU each
-step ends with a synchronize, as the plain loop's steps do. The pauses are
+from the same seconds of the machine, A B A B, as the bench's plain loops do. The pauses are
 recorded too, with the CPU the run's own threads used while it waited (charged to the run).
+
+With ``every=K`` a turn is K optimizer steps (the GPU bench's 10): a GPU step is queued, so a
+turn must end with a synchronize, and one after every step would expose each side's host work
+that a real run overlaps with the GPU's. The plain loop's turns are K steps too.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from benchmarks.lockstep import RunTurns
 
 
 class PhaseTimer(pl.Callback):
-    def __init__(self, path: str, lockstep: str | None = None, skip: int = 3) -> None:
+    def __init__(self, path: str, lockstep: str | None = None, skip: int = 3, every: int = 1) -> None:
         self.path = Path(path)
         self.steps: list[tuple[float, float]] = []  # (wall, cpu) per training batch
         self.val_gaps: list[tuple[float, float]] = []  # (wall, cpu) of gaps that held a validation
@@ -44,7 +47,7 @@ class PhaseTimer(pl.Callback):
         self.first_step_cpu: float | None = None
         self.first_step_helpers_cpu: float | None = None
         self.turns = RunTurns.from_arg(lockstep)
-        self.skip = skip
+        self.skip, self.every = skip, max(1, int(every))
         self._last_step = -1
 
     @staticmethod
@@ -60,18 +63,20 @@ class PhaseTimer(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if getattr(pl_module, "device", torch.device("cpu")).type == "cuda":
-            # the step's GPU work, not its queueing: without this, work still queued when the
-            # turn passes runs in the plain loop's time (its steps synchronize at both ends)
+        step = int(trainer.global_step)
+        turns = self.turns
+        hand_over = (turns is not None and turns.active and step != self._last_step
+                     and step >= self.skip and (step - self.skip) % self.every == 0)
+        if (hand_over or turns is None) and getattr(pl_module, "device", torch.device("cpu")).type == "cuda":
+            # the GPU work, not its queueing: without this, work still queued when the turn
+            # passes runs in the plain loop's time (its turns synchronize at both ends)
             torch.cuda.synchronize(pl_module.device)
         now = self._now()
         if self._start is not None:
             self.steps.append((now[0] - self._start[0], now[1] - self._start[1]))
         if self.first_step_cpu is None:  # CPU seconds since the process started: load-robust
             self.first_step_cpu, self.first_step_helpers_cpu = now[1], helpers_cpu()
-        step = int(trainer.global_step)
-        turns = self.turns
-        if turns is not None and turns.active and step != self._last_step and step >= self.skip:
+        if hand_over and turns is not None:
             now = turns.hand_over(now, int(getattr(pl_module, "tokens_seen", 0)))
         self._last_step = step
         self._end = now

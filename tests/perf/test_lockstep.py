@@ -94,6 +94,23 @@ def test_phase_timer_takes_turns_and_records_cycles_and_pauses(tmp_path: Path) -
     os.close(run_writes)
 
 
+def test_phase_timer_hands_over_every_k_steps(tmp_path: Path) -> None:
+    bench_reads, run_writes = os.pipe()
+    run_reads, bench_writes = os.pipe()
+    os.write(bench_writes, b"g" * 8)
+    timer = PhaseTimer(str(tmp_path / "phases.json"), lockstep=f"{run_reads},{run_writes}", skip=1, every=3)
+    module = SimpleNamespace(tokens_seen=0)
+    for step in range(1, 11):  # turns after steps 1, 4, 7, 10
+        timer.on_train_batch_start(_trainer(step - 1), module, None, step)
+        module.tokens_seen += 100
+        timer.on_train_batch_end(_trainer(step), module, None, None, step)
+    timer.on_fit_end(_trainer(10), module)
+    assert os.read(bench_reads, 16) == b"s" * 4
+    assert timer.turns is not None and [c[2] for c in timer.turns.cycles] == [300, 300, 300]
+    for fd in (bench_reads, bench_writes, run_reads):  # on_fit_end closed run_writes
+        os.close(fd)
+
+
 def test_lockstep_rates_leave_out_validation_and_charge_waiting_cpu() -> None:
     phases = {"cycles": [[1.0, 1.0, 100, False]] * 2 + [[0.1, 0.1, 10, False], [9.0, 9.0, 10, True],
                                                          [0.1, 0.1, 10, False]],
@@ -105,6 +122,9 @@ def test_lockstep_rates_leave_out_validation_and_charge_waiting_cpu() -> None:
     run_cpu = 0.2 + 0.06 * 2 / 3  # waiting CPU shared over the cycles, 2 of 3 steady
     assert r["tokens_per_cpu_s"] == pytest.approx(20 / run_cpu)
     assert r["paused_s"] == pytest.approx(0.6) and r["turns"] == 2
+    assert r["step_s"] == pytest.approx(0.1)
+    k = lockstep_rates(phases, turns, warmup=2, steps_per_turn=10)  # turns of 10 steps
+    assert k["step_s"] == pytest.approx(0.01) and k["tokens_per_s"] == r["tokens_per_s"]
 
 
 def test_the_a_a_check_runs_the_same_loop_on_both_sides() -> None:
