@@ -189,3 +189,10 @@ def test_peak_is_measured_after_the_first_step_not_before_it() -> None:
     assert seen["at_start"] is None
     peak, ttfs_recorded = seen["after_first"]  # type: ignore[misc]
     assert peak is not None and peak > 0 and ttfs_recorded
+
+
+def test_compile_blocks_once_marks_the_block_regions_only_when_compiling() -> None:
+    assert tiny_module(1, compile=True, compile_blocks_once=True).model.decoder.block_regions
+    assert not tiny_module(1, compile=False, compile_blocks_once=True).model.decoder.block_regions
+    assert not tiny_module(1, compile=True).model.decoder.block_regions
+    assert tiny_module(1, compile=True, compile_blocks_once=True).hparams["compile_blocks_once"]

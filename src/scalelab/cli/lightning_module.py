@@ -27,6 +27,7 @@ def build_module(spec: RunSpec, model_cfg: ModelConfig, data: DataBundle) -> Any
         # bits per byte only means something for text corpora
         bytes_per_token=data.bytes_per_token if spec.objective == "causal" else None,
         compile=bool(spec.train.compile),
+        compile_blocks_once=bool(spec.train.compile_blocks_once),
         activation_checkpointing=bool(spec.train.activation_checkpointing),
         tokenizer=data.tokenizer,
         sample_every_val=bool(sample.enabled),

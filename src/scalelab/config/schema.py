@@ -44,6 +44,7 @@ class TrainSection:
     val_every: int = MISSING  # optimizer steps between validations
     val_batches: int = MISSING  # micro-batches per validation
     compile: bool = MISSING
+    compile_blocks_once: bool = MISSING  # with compile: trace one block, reuse it for every layer
     activation_checkpointing: bool = MISSING  # recompute block activations in backward
     matmul_precision: str = MISSING  # highest | high | medium
     num_threads: int | None = MISSING

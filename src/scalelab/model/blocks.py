@@ -99,6 +99,9 @@ class Stack(nn.Module):
         # Activation checkpointing: keep only each block's input for backward and recompute
         # its inside (about 1/3 more compute for a fraction of the activation memory).
         self.checkpointing = False
+        # Under torch.compile: trace one block and reuse its compiled code for every layer
+        # (Transformer.set_block_regions). Eager forwards are unaffected.
+        self.block_regions = False
 
     def forward(self, x: torch.Tensor, ctx: AttnContext,
                 caches: list[LayerCache] | None = None,
@@ -108,6 +111,19 @@ class Stack(nn.Module):
         for i, block in enumerate(self.blocks):
             if recompute:
                 x = checkpoint(block, x, ctx, None, memory, cross_ctx, use_reentrant=False)
+            elif self.block_regions and caches is None:
+                x = _block_region(block, x, ctx, None, memory, cross_ctx)
             else:
                 x = block(x, ctx, None if caches is None else caches[i], memory, cross_ctx)
         return self.final_norm(x)
+
+
+def _call_block(block: nn.Module, x: torch.Tensor, ctx: AttnContext, cache: LayerCache | None,
+                memory: torch.Tensor | None, cross_ctx: AttnContext | None) -> torch.Tensor:
+    return block(x, ctx, cache, memory, cross_ctx)
+
+
+# torch >= 2.8; a no-op outside torch.compile
+_nested_region = getattr(torch.compiler, "nested_compile_region", None)
+_block_region = _nested_region(_call_block) if _nested_region is not None else _call_block
+BLOCK_REGIONS_AVAILABLE = _nested_region is not None

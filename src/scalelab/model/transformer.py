@@ -97,6 +97,19 @@ class Transformer(nn.Module):
             if stack is not None:
                 stack.checkpointing = bool(enabled)
 
+    def set_block_regions(self, enabled: bool = True) -> None:
+        """Under ``torch.compile``, trace one block and reuse its compiled code for every layer
+        (``torch.compiler.nested_compile_region``): compiling takes a fraction of the time, at
+        the cost of the fusions across block boundaries. Eager forwards are unchanged."""
+        from scalelab.model.blocks import BLOCK_REGIONS_AVAILABLE
+
+        if enabled and not BLOCK_REGIONS_AVAILABLE:
+            raise ValueError(f"compiling one block for every layer needs torch >= 2.8 "
+                             f"(torch.compiler.nested_compile_region); this is {torch.__version__}")
+        for stack in (self.encoder, self.decoder):
+            if stack is not None:
+                stack.block_regions = bool(enabled)
+
     # --- init ----------------------------------------------------------------------------
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, init_std) weights, zero biases, unit norm gains; the residual

@@ -81,6 +81,8 @@ class LMModule(pl.LightningModule):
         bytes_per_token: val UTF-8 bytes per token (``PreparedData.bytes_per_token``); enables
             ``val/bpb`` (causal LM only).
         compile: ``torch.compile`` the training step's forward and loss as one graph.
+        compile_blocks_once: with ``compile``, trace one transformer block and reuse its compiled
+            code for every layer (``Transformer.set_block_regions``).
         activation_checkpointing: recompute each block's activations in backward.
         tokenizer: anything with ``encode(str) -> list[int]`` and ``decode(list[int]) -> str``;
             used for text samples (causal) and for the eos id (seq2seq). Not saved.
@@ -98,6 +100,7 @@ class LMModule(pl.LightningModule):
         *,
         bytes_per_token: float | None = None,
         compile: bool = False,
+        compile_blocks_once: bool = False,
         activation_checkpointing: bool = False,
         tokenizer: Any = None,
         sample_every_val: bool = True,
@@ -120,9 +123,10 @@ class LMModule(pl.LightningModule):
         self.sample_tokens = int(sample_tokens)
         self.sample_temperature = float(sample_temperature)
         self.sample_top_k = sample_top_k
-        self._save_plain_hyperparameters(bool(activation_checkpointing))
+        self._save_plain_hyperparameters(bool(activation_checkpointing), bool(compile_blocks_once))
         self.model = Transformer(mcfg)
         self.model.set_activation_checkpointing(activation_checkpointing)
+        self.model.set_block_regions(bool(compile and compile_blocks_once))
         # forward + loss as one compiled graph, built at the first training step; kept out of
         # _modules, so state_dict keys stay clean
         self._compiled_loss: Any = None
@@ -153,7 +157,7 @@ class LMModule(pl.LightningModule):
         if bytes_per_token is not None and not bytes_per_token > 0:
             raise ValueError(f"bytes_per_token={bytes_per_token!r}: must be > 0 or None")
 
-    def _save_plain_hyperparameters(self, activation_checkpointing: bool) -> None:
+    def _save_plain_hyperparameters(self, activation_checkpointing: bool, compile_blocks_once: bool) -> None:
         # Plain types only, so checkpoints load with torch.load(weights_only=True). The model
         # config is stored here only (see training.checkpoint).
         self.save_hyperparameters({
@@ -162,6 +166,7 @@ class LMModule(pl.LightningModule):
             "total_steps": self.total_steps,
             "bytes_per_token": self.bytes_per_token,
             "compile": self.use_compile,
+            "compile_blocks_once": compile_blocks_once,
             "activation_checkpointing": activation_checkpointing,
             "sample_every_val": self.sample_every_val,
             "sample_prompt": self.sample_prompt,
