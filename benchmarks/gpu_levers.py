@@ -10,6 +10,8 @@ clipping at 1.0 and bf16 autocast, compiled; it adds one lever to the variant be
     vocab 50304     the output layer padded to a multiple of 128 (tensor-core aligned rows)
     loss in graph   the cross-entropy compiled with the forward (no fp32 logits in memory)
     batch 32        twice the tokens per step
+    blocks once     one block traced and compiled for all 12 (Transformer.set_block_regions):
+                    the cold start it saves against the per-step cost of unfused block edges
 
 The variants are compiled first (each one's first step, compile included, is its cold start),
 then step in turn (A B C D A B C D ...), so the machine's drift hits them alike. Reported per
@@ -35,19 +37,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "vocab 50304": {"vocab": 50304, "batch": 16, "loss_in_graph": False},
     "loss in graph": {"vocab": 50304, "batch": 16, "loss_in_graph": True},
     "batch 32": {"vocab": 50304, "batch": 32, "loss_in_graph": True},
+    "blocks once": {"vocab": 50304, "batch": 32, "loss_in_graph": True, "block_regions": True},
 }
 
 
 class Variant:
     """One model, its optimizer and a fixed batch; ``step`` is one training step."""
 
-    def __init__(self, vocab: int, batch: int, loss_in_graph: bool, *, seq: int, device: str,
-                 compile: bool, dims: dict[str, int]) -> None:
+    def __init__(self, vocab: int, batch: int, loss_in_graph: bool, block_regions: bool = False, *,
+                 seq: int, device: str, compile: bool, dims: dict[str, int]) -> None:
         from scalelab.model import ModelConfig, Transformer
 
         torch.manual_seed(0)
         self.cfg = ModelConfig(vocab_size=vocab, max_seq_len=seq, **dims)
         self.model = Transformer(self.cfg).to(device)
+        self.model.set_block_regions(block_regions)
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         rest = [p for p in self.model.parameters() if p.ndim < 2]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},

@@ -150,7 +150,7 @@ def test_gpu_levers_runs_every_variant_on_cpu(tmp_path: Path) -> None:
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())["variants"]
-    assert list(res) == ["baseline", "vocab 50304", "loss in graph", "batch 32"]
+    assert list(res) == ["baseline", "vocab 50304", "loss in graph", "batch 32", "blocks once"]
     assert res["baseline"]["speedup_per_token"] == 1.0
     assert res["vocab 50304"]["params"] - res["baseline"]["params"] == 44 * 32  # 44 padded rows, d 32
     assert all(v["tokens_per_s"] > 0 for v in res.values())
