@@ -86,8 +86,8 @@ GPU_PRESETS: dict[str, list[str]] = {
                    "model.d_ff=2432", *GPU_COMMON],
 }
 # optimizer steps per lockstep turn on a GPU (benchmarks/phase_timer.py): each turn ends with a
-# synchronize; with one per step, the H200 run read (3)/(2) 0.96 as both sides' host work stopped
-# overlapping the GPU's
+# synchronize, and with one after every step neither side's host work can overlap the GPU's, as
+# it does in a real run (turns of one step read (3)/(2) 0.96 on an H200)
 GPU_TURN_STEPS = 10
 MODES = {  # presets, rounds, plain-loop steps per round, platform steps per run
     # quick: one round per preset (a platform run costs ~20 s of start-up and exit on top of its
