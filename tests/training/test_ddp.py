@@ -29,3 +29,13 @@ def test_ddp_counts_all_devices(tmp_path: Path) -> None:
     p = r0["perf"]
     assert p["tokens_per_sec_per_device"] == pytest.approx(p["tokens_per_sec"] / 2)
     assert 0 < p["mfu"] < 1.0  # a fraction of the peak, never above it
+
+
+def test_uses_gpu_reads_the_accelerator_and_asks_torch_only_for_auto() -> None:
+    import torch
+
+    from scalelab.training.devices import uses_gpu
+
+    assert uses_gpu("gpu") and uses_gpu("cuda")
+    assert not uses_gpu("cpu") and not uses_gpu("mps")
+    assert uses_gpu("auto") == torch.cuda.is_available()

@@ -52,7 +52,9 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data.vocab_size:,}",
         f"threads       : {threads_line()}",
     ]
-    hint = vocab_alignment_hint(model_cfg.vocab_size, _on_gpu(str(spec.trainer.accelerator)))
+    from scalelab.training.devices import uses_gpu
+
+    hint = vocab_alignment_hint(model_cfg.vocab_size, uses_gpu(str(spec.trainer.accelerator)))
     return [*lines, *([f"hint          : {hint}"] if hint else []), RULE]
 
 
@@ -64,12 +66,6 @@ def vocab_alignment_hint(vocab_size: int, on_gpu: bool) -> str | None:
     padded = -(-vocab_size // 128) * 128
     return (f"vocab {vocab_size:,} is not a multiple of 64; model.vocab_size={padded} (padding "
             f"rows no token uses) runs the output layer faster on a GPU (docs/performance.md)")
-
-
-def _on_gpu(accelerator: str) -> bool:
-    import torch
-
-    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
 
 def threads_line() -> str:

@@ -128,7 +128,7 @@ def begin_job(cfg: Any) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from scalelab.training.devices import claim_device, torchrun_layout
+    from scalelab.training.devices import claim_device, torchrun_layout, uses_gpu
 
     trainer = cfg.trainer
     layout = torchrun_layout()
@@ -145,9 +145,7 @@ def begin_job(cfg: Any) -> None:
         return
     import torch
 
-    gpu = str(trainer.accelerator) in ("gpu", "cuda") or (str(trainer.accelerator) == "auto"
-                                                    and torch.cuda.is_available())
-    if gpu and str(trainer.devices) == "1" and torch.cuda.device_count() > 1:
+    if uses_gpu(str(trainer.accelerator)) and str(trainer.devices) == "1" and torch.cuda.device_count() > 1:
         idx, _device_claim = claim_device(Path(hc.sweep.dir) / ".device_locks",
                                           torch.cuda.device_count())
         trainer.devices = [idx]

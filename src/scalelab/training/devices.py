@@ -36,6 +36,17 @@ def torchrun_layout() -> tuple[int, int] | None:
     return local, max(1, int(os.environ["WORLD_SIZE"]) // local)
 
 
+def uses_gpu(accelerator: str) -> bool:
+    """Whether ``trainer.accelerator`` puts the run on CUDA (``auto`` asks torch)."""
+    if accelerator in ("gpu", "cuda"):
+        return True
+    if accelerator != "auto":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def resolve_devices(accelerator: str, devices: Any, num_nodes: int = 1) -> tuple[Any, int, int]:
     """(devices, num_nodes, world_size) before the Trainer exists, so the batch can be derived.
 
@@ -53,8 +64,7 @@ def resolve_devices(accelerator: str, devices: Any, num_nodes: int = 1) -> tuple
     elif str(devices) in ("auto", "-1", "None"):
         import torch
 
-        gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-        count = max(1, torch.cuda.device_count()) if gpu else 1
+        count = max(1, torch.cuda.device_count()) if uses_gpu(accelerator) else 1
     elif isinstance(devices, str) and "," in devices:  # "0,1" / "3,": these device indices
         count = len([p for p in devices.split(",") if p.strip()])
     else:
