@@ -1,15 +1,21 @@
-"""The shortcut for Lightning's per-log device walk: it skips only moves that move nothing, and
-what Lightning logs and reduces stays the same."""
+"""The shortcuts for Lightning's per-step costs: the per-log device walk skips only moves that
+move nothing, and what Lightning logs and reduces stays the same; the callback dispatch skips
+only hooks no callback defines, and every callback sees what it saw before."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.profilers import SimpleProfiler
+from pytorch_lightning.trainer import call
 from pytorch_lightning.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric
 
-from scalelab.training.lightning_fixes import skip_noop_result_moves
+from scalelab.training.lightning_fixes import skip_inherited_callback_hooks, skip_noop_result_moves
 
 from .conftest import cpu_trainer
 from .test_callbacks import loader, tiny_module
@@ -77,3 +83,111 @@ def test_logged_step_values_and_epoch_means_are_unchanged() -> None:
     weighted = sum(v * v for v in seen) / sum(seen)  # value k has batch size k
     epoch = [m["probe_epoch"] for _, m in logger.rows if "probe_epoch" in m]
     assert epoch == [pytest.approx(weighted)]
+
+
+# --- callback hooks: only the ones a callback defines are called ---------------------------
+HOOKS = [name for name in vars(pl.Callback) if name.startswith("on_") or name in ("setup", "teardown")]
+
+
+class Recorder(pl.Callback):
+    """Defines every hook of ``Callback`` and records (hook, the module's _current_fx_name)."""
+
+    def __init__(self, seen: list[tuple[str, str, str | None]]) -> None:
+        self.seen = seen
+
+
+def _recording(hook: str) -> Any:
+    def record(self: Recorder, trainer: pl.Trainer, module: pl.LightningModule, *a: Any, **k: Any) -> None:
+        self.seen.append(("rec", hook, getattr(module, "_current_fx_name", None)))
+    return record
+
+
+for _hook in HOOKS:
+    setattr(Recorder, _hook, _recording(_hook))
+
+
+class OneHook(pl.Callback):
+    def __init__(self, seen: list[tuple[str, str, str | None]]) -> None:
+        self.seen = seen
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *a: Any) -> None:
+        self.seen.append(("one", "on_train_batch_end", module._current_fx_name))
+
+
+def _hook_trace(tmp_path: Path, dispatch: Any) -> list[tuple[str, str, str | None]]:
+    seen: list[tuple[str, str, str | None]] = []
+    # hooks set on the class (OneHook), on an instance (the lambda) and dynamically (Recorder)
+    on_instance = pl.Callback()
+    on_instance.on_before_zero_grad = lambda tr, m, opt: seen.append(  # type: ignore[method-assign]
+        ("instance", "on_before_zero_grad", m._current_fx_name))
+    steps = 4
+    torch.manual_seed(0)
+    module = tiny_module(steps)  # built before the swap: building it applies the fix
+    trainer = cpu_trainer(steps, tmp_path, callbacks=[Recorder(seen), OneHook(seen), on_instance,
+                                                      ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=2)],
+                          enable_checkpointing=True, val_check_interval=2, limit_val_batches=1)
+    saved = call._call_callback_hooks
+    call._call_callback_hooks = dispatch
+    try:
+        trainer.fit(module, loader(steps * 2, 2), loader(2, 2))
+    finally:
+        call._call_callback_hooks = saved
+    return seen
+
+
+def test_callbacks_see_the_same_hooks_in_the_same_order_as_with_lightnings_dispatch(tmp_path: Path) -> None:
+    skip_inherited_callback_hooks()
+    fast = call._call_callback_hooks
+    assert getattr(fast, "__wrapped__", None) is not None
+    with_fix = _hook_trace(tmp_path / "a", fast)
+    original = _hook_trace(tmp_path / "b", fast.__wrapped__)
+    assert with_fix == original
+    names = {(who, hook) for who, hook, _ in with_fix}
+    assert ("one", "on_train_batch_end") in names and ("instance", "on_before_zero_grad") in names
+    assert {("rec", hook) for hook in ("setup", "on_train_batch_start", "on_before_backward",
+                                       "on_validation_end", "on_save_checkpoint", "teardown")} <= names
+    assert all(fx == hook for who, hook, fx in with_fix if who == "one")
+
+
+def test_an_inherited_empty_hook_is_not_called(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Callback's own on_before_backward, counted: Lightning's dispatch calls it on every
+    callback at every step; the fix calls it on none."""
+    skip_inherited_callback_hooks()
+    calls: list[str] = []
+
+    def counted(self: pl.Callback, *a: Any) -> None:
+        calls.append(type(self).__name__)
+
+    monkeypatch.setattr(pl.Callback, "on_before_backward", counted)
+    _hook_trace(tmp_path / "a", call._call_callback_hooks)
+    assert calls.count("OneHook") == 0
+    _hook_trace(tmp_path / "b", call._call_callback_hooks.__wrapped__)
+    assert calls.count("OneHook") == 4  # what the fix saves: one call a step per callback
+
+
+def test_a_real_profiler_takes_lightnings_path_and_keeps_its_records(tmp_path: Path) -> None:
+    skip_inherited_callback_hooks()
+    profiler = SimpleProfiler()
+    trainer = cpu_trainer(2, tmp_path, callbacks=[OneHook([])], profiler=profiler, limit_val_batches=0)
+    trainer.fit(tiny_module(2), loader(4, 2))
+    assert any(k.startswith("[Callback]OneHook.on_train_batch_end") for k in profiler.recorded_durations)
+
+
+def test_skipping_hooks_applied_twice_wraps_once() -> None:
+    skip_inherited_callback_hooks()
+    first = call._call_callback_hooks
+    skip_inherited_callback_hooks()
+    assert call._call_callback_hooks is first
+
+
+def test_the_modules_step_counters_stay_plain_attributes() -> None:
+    """LMModule writes its per-step attributes past nn.Module's registry: they must never end
+    up as buffers or in the state dict, and reads see the writes."""
+    module = tiny_module(2)
+    keys = set(module.state_dict())
+    module._win_loss = torch.tensor(1.5)
+    module.tokens_seen = 7
+    module._current_fx_name = "training_step"
+    assert "_win_loss" not in module._buffers and set(module.state_dict()) == keys
+    assert float(module._win_loss) == 1.5 and module.tokens_seen == 7
+    assert module._current_fx_name == "training_step"

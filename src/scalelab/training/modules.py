@@ -30,13 +30,17 @@ from scalelab.model.fused_layout import fused_splits
 from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
-from scalelab.training.lightning_fixes import skip_noop_result_moves
+from scalelab.training.lightning_fixes import skip_inherited_callback_hooks, skip_noop_result_moves
 from scalelab.training.optim import GroupSummary, build_optimizer, param_groups
 from scalelab.training.optimizer_layout import fuse_optimizer_state
 from scalelab.training.schedules import build_lr_lambda
 
 IGNORE_INDEX = -100
 LN2 = math.log(2.0)
+# Plain attributes written on every step: Lightning sets `_current_fx_name` before and after
+# each hook it calls (~50 times a step), this module its counters. nn.Module.__setattr__ checks
+# every write against parameters, buffers and submodules: 2.2 us against 0.2 us for a plain one.
+_PLAIN_STEP_ATTRS = frozenset({"_current_fx_name", "_win_loss", "_win_n", "tokens_seen", "flops_seen"})
 
 
 def bits_per_byte(loss_nats_per_token: float, bytes_per_token: float) -> float:
@@ -111,6 +115,7 @@ class LMModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         skip_noop_result_moves()  # each self.log walked and deep-copied Lightning's holder
+        skip_inherited_callback_hooks()  # 54 callback calls a step, most of them empty
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
@@ -142,6 +147,12 @@ class LMModule(pl.LightningModule):
         self._win_loss: torch.Tensor | None = None  # loss sum over the accumulation window
         self._win_n = 0
         self._val: dict[str, torch.Tensor] = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _PLAIN_STEP_ATTRS:  # never a parameter, buffer or submodule
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
     def _check_args(self, mcfg: ModelConfig, total_steps: int, bytes_per_token: float | None) -> None:
         if self.arch and mcfg.arch != self.arch:
