@@ -74,11 +74,30 @@ def test_final_norm_present_by_default_only_for_pre_ln() -> None:
     assert isinstance(post.final_norm, torch.nn.Identity)
 
 
-def test_residual_dropout_only_in_training() -> None:
-    block = Block(tiny(dropout=0.5))
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_residual_dropout_only_in_training(norm_position: str) -> None:
+    block = Block(tiny(dropout=0.5, norm_position=norm_position))
     x = torch.randn(2, 6, 32)
     ctx = AttnContext(is_causal=True)
     block.eval()
     torch.testing.assert_close(block(x, ctx), block(x, ctx))
     block.train()
     assert not torch.allclose(block(x, ctx), block(x, ctx))
+
+
+def test_dropout_off_leaves_no_dropout_call_in_the_model() -> None:
+    """dropout=0 builds no dropout modules (each would be a call per step for nothing); the
+    embedding's dropout works like the residual ones when it is on."""
+    from scalelab.model import Transformer
+
+    off = Transformer(tiny(dropout=0.0))
+    assert not any(isinstance(m, (torch.nn.Dropout, torch.nn.Identity)) for m in off.modules()
+                   if m is not getattr(off.decoder, "final_norm", None))
+    on = Transformer(tiny(dropout=0.5, n_layers=1))
+    assert isinstance(on.drop, torch.nn.Dropout)
+    x = torch.randint(0, on.cfg.vocab_size, (2, 6))
+    pos = torch.arange(6)
+    on.train()
+    assert not torch.allclose(on._embed(x, pos), on._embed(x, pos))
+    on.eval()
+    torch.testing.assert_close(on._embed(x, pos), on._embed(x, pos))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import AttnContext
-from .blocks import LayerCache, Stack
+from .blocks import LayerCache, Stack, dropout_or_none
 from .config import ModelConfig
 from .mlp import MLMTransform
 from .norms import build_norm
@@ -73,7 +73,7 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)  # shared by src, tgt (2017)
         self.pos: Position = build_position(cfg)
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = dropout_or_none(cfg)
         self.is_seq2seq = ARCHS[cfg.arch].cross
         self.encoder = Stack(cfg, cfg.encoder_layers, cross=False) if cfg.encoder_layers else None
         self.decoder = (Stack(cfg, cfg.decoder_layers, cross=self.is_seq2seq)
@@ -140,7 +140,7 @@ class Transformer(nn.Module):
         x = self.pos.embed(x, pos)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
-        return self.drop(x)
+        return x if self.drop is None else self.drop(x)
 
     def encode(self, src_ids: torch.Tensor,
                src_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -196,7 +196,7 @@ class Transformer(nn.Module):
             new = attention_mask if attention_mask is not None else torch.ones(
                 b, t, dtype=torch.bool, device=input_ids.device)
             key_keep = cache.key_keep = torch.cat([past, new.bool()], dim=1)
-        k_pos = torch.arange(offset + t, device=input_ids.device)
+        k_pos = pos if offset == 0 else torch.arange(offset + t, device=input_ids.device)
         ctx = build_context(pos, offset + t, causal=self.causal, key_keep=key_keep,
                             bias=self.pos.bias(pos, k_pos))
         ctx.rotary = self.pos.rotary(pos)
