@@ -205,3 +205,26 @@ def test_seq2seq_parallel_tsv(tmp_path):
         Seq2SeqDataModule(
             DataConfig(name="parallel_text", path=str(tmp_path / "x.tsv")), batch_size=4
         )
+
+
+@pytest.mark.parametrize(("run_bytes", "run"), [(8 << 20, 64), (3 * 80, 3)])
+def test_the_stream_makes_runs_ahead_and_yields_what_one_at_a_time_would(monkeypatch, run_bytes, run):
+    """Batches are made in runs (warm caches); what comes out, and in which order, is the
+    one-at-a-time stream's. A run is at most RUN_BATCHES batches and RUN_BYTES bytes."""
+    from scalelab.data import datamodules as D
+
+    monkeypatch.setattr(D, "RUN_BYTES", run_bytes)
+    made: list[int] = []
+
+    def make(b: int) -> dict[str, torch.Tensor]:
+        made.append(b)
+        return {"input_ids": torch.full((2, 5), b, dtype=torch.int64)}  # 80 bytes
+
+    stream = D._BatchStream(make, n=150, start=7)
+    got, ahead = [], []
+    for batch in stream:
+        got.append(int(batch["input_ids"][0, 0]))
+        ahead.append(len(made) - len(got))
+    assert got == list(range(7, 157)) and made == got
+    # the first batch alone (its size sets the run), then each run made at its first batch
+    assert ahead[0] == 0 and ahead[1] == run - 1 and max(ahead) == run - 1
