@@ -154,3 +154,21 @@ def test_gpu_levers_runs_every_variant_on_cpu(tmp_path: Path) -> None:
     assert res["baseline"]["speedup_per_token"] == 1.0
     assert res["vocab 50304"]["params"] - res["baseline"]["params"] == 44 * 32  # 44 padded rows, d 32
     assert all(v["tokens_per_s"] > 0 for v in res.values())
+
+
+def test_step_parts_times_the_pieces_of_a_step_and_switches_the_fixes(tmp_path: Path) -> None:
+    """benchmarks/step_parts: the breakdown holds every piece, nested pieces within the whole;
+    the A/B mode really runs blocks with the fixes off and on."""
+    def run(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.step_parts", "--preset", "encdec", *args,
+                               "train.num_threads=1", "optim.warmup_steps=1", f"paths.data_dir={tmp_path}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    table = run("--start", "3", "--steps", "6").split("steps from step 3, ms a step:\n")[1]
+    parts = {ln.split()[0]: float(ln.split()[1]) for ln in table.splitlines()}
+    assert set(parts) >= {"total", "optimizer+closure", "backward", "forward+loss", "fetch", "clipping"}
+    assert parts["optimizer+closure"] > parts["backward"] + parts["forward+loss"] > parts["backward"] > 0
+    ab = run("--ab-fixes", "--block", "2", "--start", "3", "--steps", "8").splitlines()[-1]
+    assert ab.startswith("fixes on ") and "off/on" in ab and "(2 + 2 blocks of 2 steps)" in ab

@@ -11,9 +11,10 @@
    every callback, the ones that inherit ``Callback``'s empty method too, and wraps each call in
    its profiler's context with an f-string of the callback's ``state_key`` (which
    ``ModelCheckpoint`` builds from its settings), even when the profiler does nothing. With the
-   platform's eight callbacks that was 48 calls a step, of which 4 do anything. Measured with
-   the ``__setattr__`` shortcut in ``training/modules.py``, toggled every 40 steps in one run at
-   a sweep point's shape (1 thread): 0.2-0.3 ms of a 3.9-5.7 ms step (3-7 %).
+   platform's eight callbacks that was 48 calls a step, of which 4 do anything. Together with
+   the ``__setattr__`` shortcut in ``training/modules.py``, switched off and on every 40 steps
+   in one run at a sweep point's shape, 1 thread (``python -m benchmarks.step_parts
+   --ab-fixes``): 0.2-0.3 ms of a 3.9-5.7 ms step (3-7 %).
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ def skip_inherited_callback_hooks() -> None:
     """Make Lightning's callback-hook dispatch skip callbacks whose hook is ``Callback``'s empty
     method, and skip the profiler's context when the profiler is the pass-through one.
 
-    Anything else takes the original path: a real profiler (its records stay complete), the
-    ``monitoring_callbacks`` filter (checkpoint and early-stopping ordering), and a hook set on
-    an instance rather than its class. The order of the callbacks that run, and what the
+    A real profiler (its records stay complete) and the ``monitoring_callbacks`` filter
+    (checkpoint and early-stopping ordering) take the original path. A hook set on an instance
+    rather than its class is called too. The order of the callbacks that run, and what the
     LightningModule's ``_current_fx_name`` reads inside them, are the original's. Idempotent.
     """
     original = call._call_callback_hooks

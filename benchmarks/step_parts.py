@@ -1,0 +1,150 @@
+"""Where a platform step goes, timed inside one ``scalelab-train`` run (this process).
+
+Wraps the pieces of a training step with ``perf_counter`` for the steps ``--start`` ..
+``--start + --steps`` and prints milliseconds a step: forward + loss, backward, clipping, the
+optimizer step with Lightning's closure around it (which holds the three before), zero_grad and
+the fetch of a batch, against the whole step (``total``, hook to hook: what is left is Lightning's
+loop, hooks, logging and the lr scheduler). ``--preset`` is one of the training
+bench's (default ``sweep_point``, where fixed per-step work is the largest share); Hydra
+overrides go on top.
+
+``--ab-fixes`` instead turns scalelab's shortcuts for Lightning's per-step work
+(training/lightning_fixes.py and ``LMModule.__setattr__``) off and on in blocks of ``--block``
+steps (A B B A ...), in the same run, and prints the median step of each: the host's drift hits
+both alike, which separate runs on a shared machine cannot promise.
+
+    python -m benchmarks.step_parts [--steps 2000] [--start 300] [hydra overrides ...]
+    python -m benchmarks.step_parts --ab-fixes --steps 3000 train.num_threads=1
+    python -m benchmarks.step_parts --preset encoder --start 50 --steps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+import scalelab.cli  # noqa: F401  (sets the OpenMP policy before torch loads)
+
+
+def _timed(owner: Any, name: str, key: str, acc: Counter, on: list[bool]) -> None:
+    original = getattr(owner, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if not on[0]:
+            return original(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            acc[key] += time.perf_counter() - t0
+
+    setattr(owner, name, timed)
+
+
+def _wrap_pieces(acc: Counter, on: list[bool]) -> None:
+    import torch
+    from pytorch_lightning.loops import fetchers
+
+    from scalelab.training.modules import LMModule
+
+    for owner, name, key in [(LMModule, "_train_loss_sum", "forward+loss"),
+                             (torch.Tensor, "backward", "backward"),
+                             (LMModule, "configure_gradient_clipping", "clipping"),
+                             (torch.optim.Optimizer, "zero_grad", "zero_grad"),
+                             (fetchers._DataFetcher, "__next__", "fetch")]:
+        _timed(owner, name, key, acc, on)
+    for opt in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):
+        _timed(opt, "step", "optimizer+closure", acc, on)
+
+
+def _fix_switch() -> Any:
+    """set(on): scalelab's per-step shortcuts on or off (Lightning's originals)."""
+    from pytorch_lightning.trainer import call
+    from torch import nn
+
+    from scalelab.training.lightning_fixes import skip_inherited_callback_hooks
+    from scalelab.training.modules import LMModule
+
+    skip_inherited_callback_hooks()
+    fast, fast_setattr = call._call_callback_hooks, LMModule.__setattr__
+
+    def set_fixes(on: bool) -> None:
+        call._call_callback_hooks = fast if on else fast.__wrapped__
+        LMModule.__setattr__ = fast_setattr if on else nn.Module.__setattr__  # type: ignore[method-assign]
+
+    return set_fixes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--start", type=int, default=300)
+    ap.add_argument("--preset", default="sweep_point")
+    ap.add_argument("--ab-fixes", action="store_true")
+    ap.add_argument("--block", type=int, default=40)
+    args, overrides = ap.parse_known_args(argv if argv is not None else sys.argv[1:])
+
+    import pytorch_lightning as pl
+
+    import scalelab.cli.train as T
+    from benchmarks.bench_train import PRESETS
+
+    acc: Counter = Counter()
+    on = [False]
+    blocks: dict[bool, list[float]] = {True: [], False: []}
+    set_fixes = _fix_switch() if args.ab_fixes else None
+    if not args.ab_fixes:
+        _wrap_pieces(acc, on)
+    end = args.start + args.steps
+    mark: dict[str, Any] = {}
+
+    class Clock(pl.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int) -> None:
+            step, now = int(trainer.global_step), time.perf_counter()
+            if step == args.start:
+                on[0], mark["t0"] = True, now
+            elif step == end and on[0]:
+                on[0], acc["total"] = False, now - mark["t0"]
+            if set_fixes is None or not args.start <= step <= end or (step - args.start) % args.block:
+                return
+            if "fixes" in mark:
+                blocks[mark["fixes"]].append((now - mark["t"]) / args.block)
+            k = (step - args.start) // args.block
+            mark["fixes"], mark["t"] = k % 4 in (0, 3), time.perf_counter()  # A B B A
+            set_fixes(mark["fixes"])
+
+    init = pl.Trainer.__init__
+
+    def init_with_clock(self: Any, *a: Any, callbacks: Any = None, **k: Any) -> None:
+        init(self, *a, callbacks=[*(callbacks or []), Clock()], **k)
+
+    pl.Trainer.__init__ = init_with_clock  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory() as tmp:
+        sys.argv = [sys.argv[0], f"paths.output_dir={tmp}/run", "logger=none", f"train.max_steps={end + 2}",
+                    f"train.val_every={end + 2}", *PRESETS[args.preset], *overrides]
+        try:
+            T.main()
+        except SystemExit as e:
+            if e.code:
+                raise
+    if "total" not in acc:
+        print("step_parts: the timed steps never ran (raise train.max_steps?)", file=sys.stderr)
+        return 1
+    if set_fixes is not None:
+        on_ms, off_ms = (1000 * statistics.median(blocks[k]) for k in (True, False))
+        print(f"fixes on {on_ms:.3f} ms/step, off {off_ms:.3f} ms/step: off/on {off_ms / on_ms:.3f} "
+              f"({len(blocks[True])} + {len(blocks[False])} blocks of {args.block} steps)")
+        return 0
+    print(f"{args.steps} steps from step {args.start}, ms a step:")
+    for key, value in sorted(acc.items(), key=lambda kv: -kv[1]):
+        print(f"  {key:<18} {1000 * value / args.steps:8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
