@@ -80,26 +80,15 @@ def _fix_switch() -> Any:
     return set_fixes
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--start", type=int, default=300)
-    ap.add_argument("--preset", default="sweep_point")
-    ap.add_argument("--ab-fixes", action="store_true")
-    ap.add_argument("--block", type=int, default=40)
-    args, overrides = ap.parse_known_args(argv if argv is not None else sys.argv[1:])
-
+def _train_with_clock(args: argparse.Namespace, overrides: list[str], acc: Counter, on: list[bool],
+                      blocks: dict[bool, list[float]], set_fixes: Any) -> None:
+    """Run scalelab-train here with a callback that starts and stops the clock (and, with
+    ``set_fixes``, switches the shortcuts at each block's first step)."""
     import pytorch_lightning as pl
 
     import scalelab.cli.train as T
     from benchmarks.bench_train import PRESETS
 
-    acc: Counter = Counter()
-    on = [False]
-    blocks: dict[bool, list[float]] = {True: [], False: []}
-    set_fixes = _fix_switch() if args.ab_fixes else None
-    if not args.ab_fixes:
-        _wrap_pieces(acc, on)
     end = args.start + args.steps
     mark: dict[str, Any] = {}
 
@@ -132,6 +121,24 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:
             if e.code:
                 raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--start", type=int, default=300)
+    ap.add_argument("--preset", default="sweep_point")
+    ap.add_argument("--ab-fixes", action="store_true")
+    ap.add_argument("--block", type=int, default=40)
+    args, overrides = ap.parse_known_args(argv if argv is not None else sys.argv[1:])
+
+    acc: Counter = Counter()
+    on = [False]
+    blocks: dict[bool, list[float]] = {True: [], False: []}
+    set_fixes = _fix_switch() if args.ab_fixes else None
+    if not args.ab_fixes:
+        _wrap_pieces(acc, on)
+    _train_with_clock(args, overrides, acc, on, blocks, set_fixes)
     if "total" not in acc:
         print("step_parts: the timed steps never ran (raise train.max_steps?)", file=sys.stderr)
         return 1

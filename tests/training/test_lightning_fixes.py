@@ -116,7 +116,7 @@ class OneHook(pl.Callback):
 
 def _hook_trace(tmp_path: Path, dispatch: Any) -> list[tuple[str, str, str | None]]:
     seen: list[tuple[str, str, str | None]] = []
-    # hooks set on the class (OneHook), on an instance (the lambda) and dynamically (Recorder)
+    # hooks defined in a class body (OneHook), set on a class (Recorder) and on an instance
     on_instance = pl.Callback()
     on_instance.on_before_zero_grad = lambda tr, m, opt: seen.append(  # type: ignore[method-assign]
         ("instance", "on_before_zero_grad", m._current_fx_name))
