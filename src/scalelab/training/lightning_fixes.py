@@ -63,13 +63,10 @@ def skip_noop_result_moves() -> None:
     _ResultMetric.to = to  # type: ignore[method-assign]
 
 
-def _does_something(callback_type: type, hook_name: str, cache: dict[tuple[type, str], bool]) -> bool:
-    key = (callback_type, hook_name)
-    found = cache.get(key)
-    if found is None:
-        # Callback's own hooks are all empty; a class attribute that is not one of them is code
-        found = cache[key] = getattr(callback_type, hook_name, None) is not getattr(Callback, hook_name, None)
-    return found
+@functools.cache
+def _class_defines(callback_type: type, hook_name: str) -> bool:
+    """Whether the class has its own ``hook_name``: ``Callback``'s own hooks are all empty."""
+    return getattr(callback_type, hook_name, None) is not getattr(Callback, hook_name, None)
 
 
 def skip_inherited_callback_hooks() -> None:
@@ -84,8 +81,6 @@ def skip_inherited_callback_hooks() -> None:
     original = call._call_callback_hooks
     if getattr(original, _MARK, False):
         return
-    cache: dict[tuple[type, str], bool] = {}
-
     @functools.wraps(original)
     def dispatch(trainer: Any, hook_name: str, *args: Any, monitoring_callbacks: bool | None = None,
                  **kwargs: Any) -> None:
@@ -96,7 +91,7 @@ def skip_inherited_callback_hooks() -> None:
             prev_fx_name = pl_module._current_fx_name
             pl_module._current_fx_name = hook_name
         for callback in trainer.callbacks:
-            if hook_name in callback.__dict__ or _does_something(type(callback), hook_name, cache):
+            if hook_name in callback.__dict__ or _class_defines(type(callback), hook_name):
                 fn = getattr(callback, hook_name)
                 if callable(fn):
                     fn(trainer, pl_module, *args, **kwargs)
