@@ -9,12 +9,14 @@ bench's (default ``sweep_point``, where fixed per-step work is the largest share
 overrides go on top.
 
 ``--ab-fixes`` instead turns scalelab's shortcuts for Lightning's per-step work
-(training/lightning_fixes.py and ``LMModule.__setattr__``) off and on in blocks of ``--block``
-steps (A B B A ...), in the same run, and prints the median step of each: the host's drift hits
-both alike, which separate runs on a shared machine cannot promise.
+(training/lightning_fixes.py and ``LMModule.__setattr__``; with ``--only callbacks|setattr|metrics``
+the one named) off and on in blocks of ``--block`` steps (A B B A ...), in the same run, and
+prints the median step of each: the host's drift hits both alike, which separate runs on a
+shared machine cannot promise.
 
     python -m benchmarks.step_parts [--steps 2000] [--start 300] [hydra overrides ...]
     python -m benchmarks.step_parts --ab-fixes --steps 3000 train.num_threads=1
+    python -m benchmarks.step_parts --ab-fixes --only metrics --steps 3000 train.num_threads=1
     python -m benchmarks.step_parts --preset encoder --start 50 --steps 300
 """
 
@@ -62,20 +64,36 @@ def _wrap_pieces(acc: Counter, on: list[bool]) -> None:
         _timed(opt, "step", "optimizer+closure", acc, on)
 
 
-def _fix_switch() -> Any:
-    """set(on): scalelab's per-step shortcuts on or off (Lightning's originals)."""
+FIXES = ("callbacks", "setattr", "metrics")
+
+
+def _fix_switch(which: str) -> Any:
+    """set(on): scalelab's per-step shortcuts (``which``: one of FIXES, or all) on or off
+    (Lightning's originals)."""
     from pytorch_lightning.trainer import call
+    from pytorch_lightning.trainer.connectors.logger_connector.logger_connector import (
+        _LoggerConnector,
+    )
     from torch import nn
 
-    from scalelab.training.lightning_fixes import skip_inherited_callback_hooks
+    from scalelab.training.lightning_fixes import (
+        skip_inherited_callback_hooks,
+        skip_unchanged_step_metrics,
+    )
     from scalelab.training.modules import LMModule
 
     skip_inherited_callback_hooks()
-    fast, fast_setattr = call._call_callback_hooks, LMModule.__setattr__
+    skip_unchanged_step_metrics()
+    fast, fast_setattr, fast_end = call._call_callback_hooks, LMModule.__setattr__, _LoggerConnector.on_batch_end
+    switched = set(FIXES) if which == "all" else {which}
 
     def set_fixes(on: bool) -> None:
-        call._call_callback_hooks = fast if on else fast.__wrapped__
-        LMModule.__setattr__ = fast_setattr if on else nn.Module.__setattr__  # type: ignore[method-assign]
+        if "callbacks" in switched:
+            call._call_callback_hooks = fast if on else fast.__wrapped__
+        if "setattr" in switched:
+            LMModule.__setattr__ = fast_setattr if on else nn.Module.__setattr__  # type: ignore[method-assign]
+        if "metrics" in switched:
+            _LoggerConnector.on_batch_end = fast_end if on else fast_end.__wrapped__  # type: ignore[method-assign]
 
     return set_fixes
 
@@ -129,13 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=int, default=300)
     ap.add_argument("--preset", default="sweep_point")
     ap.add_argument("--ab-fixes", action="store_true")
+    ap.add_argument("--only", choices=FIXES, help="with --ab-fixes: switch this shortcut alone")
     ap.add_argument("--block", type=int, default=40)
     args, overrides = ap.parse_known_args(argv if argv is not None else sys.argv[1:])
 
     acc: Counter = Counter()
     on = [False]
     blocks: dict[bool, list[float]] = {True: [], False: []}
-    set_fixes = _fix_switch() if args.ab_fixes else None
+    set_fixes = _fix_switch(args.only or "all") if args.ab_fixes else None
     if not args.ab_fixes:
         _wrap_pieces(acc, on)
     _train_with_clock(args, overrides, acc, on, blocks, set_fixes)

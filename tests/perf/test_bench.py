@@ -170,5 +170,6 @@ def test_step_parts_times_the_pieces_of_a_step_and_switches_the_fixes(tmp_path: 
     parts = {ln.split()[0]: float(ln.split()[1]) for ln in table.splitlines()}
     assert set(parts) >= {"total", "optimizer+closure", "backward", "forward+loss", "fetch", "clipping"}
     assert parts["optimizer+closure"] > parts["backward"] + parts["forward+loss"] > parts["backward"] > 0
-    ab = run("--ab-fixes", "--block", "2", "--start", "3", "--steps", "8").splitlines()[-1]
-    assert ab.startswith("fixes on ") and "off/on" in ab and "(2 + 2 blocks of 2 steps)" in ab
+    for only in ([], ["--only", "metrics"]):
+        ab = run("--ab-fixes", *only, "--block", "2", "--start", "3", "--steps", "8").splitlines()[-1]
+        assert ab.startswith("fixes on ") and "off/on" in ab and "(2 + 2 blocks of 2 steps)" in ab

@@ -1,6 +1,7 @@
 """The shortcuts for Lightning's per-step costs: the per-log device walk skips only moves that
 move nothing, and what Lightning logs and reduces stays the same; the callback dispatch skips
-only hooks no callback defines, and every callback sees what it saw before."""
+only hooks no callback defines, and every callback sees what it saw before; the per-batch metric
+gather is skipped only when it would write what the dicts hold already."""
 
 from __future__ import annotations
 
@@ -13,9 +14,18 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.profilers import SimpleProfiler
 from pytorch_lightning.trainer import call
-from pytorch_lightning.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric
+from pytorch_lightning.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+from pytorch_lightning.trainer.connectors.logger_connector.result import (
+    _Metadata,
+    _ResultCollection,
+    _ResultMetric,
+)
 
-from scalelab.training.lightning_fixes import skip_inherited_callback_hooks, skip_noop_result_moves
+from scalelab.training.lightning_fixes import (
+    skip_inherited_callback_hooks,
+    skip_noop_result_moves,
+    skip_unchanged_step_metrics,
+)
 
 from .conftest import cpu_trainer
 from .test_callbacks import loader, tiny_module
@@ -203,3 +213,116 @@ def test_the_stored_training_step_signature_is_the_real_one() -> None:
     stored = LMModule.training_step.__signature__
     assert list(stored.parameters) == list(code.co_varnames[: code.co_argcount])
     assert is_param_in_hook_signature(tiny_module(1).training_step, "batch_idx", min_args=2)
+
+
+# --- the per-batch metric gather: only when something changed since the last one -----------
+Dicts = tuple[dict[str, float], ...]
+
+
+class MetricDicts(pl.Callback):
+    """What the logger connector's three metric dicts hold at each batch start (what the
+    previous batch end left there), after each validation and at the end."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, Dicts]] = []
+
+    def _note(self, trainer: pl.Trainer, when: str) -> None:
+        c = trainer._logger_connector
+        dicts = (c._progress_bar_metrics, c._callback_metrics, c._logged_metrics)
+        self.rows.append((when, tuple({k: float(v) for k, v in d.items()} for d in dicts)))
+
+    def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, *a: Any) -> None:
+        self._note(trainer, f"batch {trainer.global_step}")
+
+    def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self._note(trainer, "validation")
+
+    def on_train_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self._note(trainer, "end")
+
+
+def _log_probe_in_train_and_val(module: Any) -> None:
+    """Log "probe" from both loops: the validation's epoch value overwrites the train step's
+    (logged at the first two steps only) in the callback dict, and Lightning's next train batch
+    end writes the train value back, though nothing new was logged."""
+    def training_step(batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx < 2:
+            module.log("probe", float(batch_idx), on_step=True, on_epoch=False, prog_bar=True)
+        return type(module).training_step(module, batch, batch_idx)
+
+    def validation_step(batch: Any, batch_idx: int) -> None:
+        module.log("probe", -1.0, on_step=False, on_epoch=True, prog_bar=True)
+        type(module).validation_step(module, batch, batch_idx)
+
+    module.training_step, module.validation_step = training_step, validation_step
+
+
+def _metric_trace(tmp_path: Path, on_batch_end: Any, probe: bool = False
+                  ) -> tuple[list[tuple[str, Dicts]], int, int]:
+    """(the dicts over a run that logs every 3rd of 9 steps and validates every 4th, gathers
+    made at batch ends, .item() calls in the run)."""
+    counts = {"gathers": 0, "items": 0}
+    gather, item = _ResultCollection.metrics, torch.Tensor.item
+
+    def counted_gather(self: _ResultCollection, on_step: bool) -> Any:
+        counts["gathers"] += on_step and self.training
+        return gather(self, on_step)
+
+    def counted_item(self: torch.Tensor) -> Any:
+        counts["items"] += 1
+        return item(self)
+
+    steps = 9
+    torch.manual_seed(0)
+    module = tiny_module(steps)  # building it applies the fix
+    if probe:
+        _log_probe_in_train_and_val(module)
+    recorder = MetricDicts()
+    trainer = cpu_trainer(steps, tmp_path, callbacks=[recorder], log_every_n_steps=3,
+                          logger=ListLogger(), val_check_interval=4, limit_val_batches=1)
+    saved = _LoggerConnector.on_batch_end
+    _LoggerConnector.on_batch_end = on_batch_end  # type: ignore[method-assign]
+    _ResultCollection.metrics = counted_gather  # type: ignore[method-assign]
+    torch.Tensor.item = counted_item  # type: ignore[method-assign]
+    try:
+        trainer.fit(module, loader(steps * 2, 2), loader(2, 2))
+    finally:
+        _LoggerConnector.on_batch_end = saved  # type: ignore[method-assign]
+        _ResultCollection.metrics = gather  # type: ignore[method-assign]
+        torch.Tensor.item = item  # type: ignore[method-assign]
+    return recorder.rows, counts["gathers"], counts["items"]
+
+
+def test_the_metric_dicts_read_the_same_with_and_without_the_gather_shortcut(tmp_path: Path) -> None:
+    skip_unchanged_step_metrics()
+    fast = _LoggerConnector.on_batch_end
+    assert getattr(fast, "__wrapped__", None) is not None
+    rows, gathers, items = _metric_trace(tmp_path / "a", fast)
+    rows0, gathers0, items0 = _metric_trace(tmp_path / "b", fast.__wrapped__)
+    assert rows == rows0
+    pbar, callback, logged = dict(rows)["end"]
+    assert {"train/loss", "lr", "val/loss"} <= set(callback) and "train/loss" in pbar and "lr" in logged
+    # Lightning gathers after every batch (9) and for log_metrics at the 3 logging steps; with
+    # the fix the batch end gathers only at the first batch and at the 3 that logged
+    assert (gathers0, gathers) == (9 + 3, 1 + 3 + 3)
+    # the skipped gathers after the first log (4) each made one .item() for the progress-bar
+    # value train/loss: a device sync on a GPU
+    assert items0 - items == 4
+
+
+def test_a_name_both_loops_log_reads_as_without_the_gather_shortcut(tmp_path: Path) -> None:
+    skip_unchanged_step_metrics()
+    fast = _LoggerConnector.on_batch_end
+    rows = _metric_trace(tmp_path / "a", fast, probe=True)[0]
+    assert rows == _metric_trace(tmp_path / "b", fast.__wrapped__, probe=True)[0]
+    whens = [when for when, _ in rows]
+    assert whens[whens.index("validation") + 1:][:2] == ["batch 4", "batch 5"]
+    pbar, callback, _ = dict(rows)["batch 5"]  # after batch 4's end
+    assert callback["probe"] == pbar["probe"] == 1.0
+
+
+def test_the_gather_shortcut_applied_twice_wraps_once() -> None:
+    skip_unchanged_step_metrics()
+    first = _LoggerConnector.on_batch_end
+    skip_unchanged_step_metrics()
+    assert _LoggerConnector.on_batch_end is first

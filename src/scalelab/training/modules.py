@@ -31,7 +31,11 @@ from scalelab.model.fused_layout import fused_splits
 from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
-from scalelab.training.lightning_fixes import skip_inherited_callback_hooks, skip_noop_result_moves
+from scalelab.training.lightning_fixes import (
+    skip_inherited_callback_hooks,
+    skip_noop_result_moves,
+    skip_unchanged_step_metrics,
+)
 from scalelab.training.optim import GroupSummary, build_optimizer, param_groups
 from scalelab.training.optimizer_layout import fuse_optimizer_state
 from scalelab.training.schedules import build_lr_lambda
@@ -117,6 +121,7 @@ class LMModule(pl.LightningModule):
         super().__init__()
         skip_noop_result_moves()  # each self.log walked and deep-copied Lightning's holder
         skip_inherited_callback_hooks()  # 48 callback calls a step, 4 of them with code
+        skip_unchanged_step_metrics()  # a gather and two .item() a step, for values unchanged
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
