@@ -8,7 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmarks.bench_train import compare, misses, table
+from benchmarks.bench_train import (
+    CHILD,
+    auto_over_best,
+    auto_twin,
+    compare,
+    misses,
+    table,
+    thread_settings,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +72,32 @@ def test_busy_machine_judges_throughput_per_cpu_second() -> None:
     assert misses([row], None, busy=True) == []
     row["platform/model_cpu"] = 0.9
     assert misses([row], None, busy=True) == ["c: platform/model 0.90 < 0.97 (per CPU-second)"]
+
+
+def test_auto_pools_its_samples_with_the_setting_it_ran_as() -> None:
+    labels = set(thread_settings())
+    assert {"auto", "1t"} <= labels
+    assert auto_twin([(1, "")] * 3) == auto_twin([(1, ""), (1, "PASSIVE")]) == "1t"  # no team to wait
+    assert auto_twin([(2, "")] * 2) == "2t/default"
+    assert auto_twin([(2, ""), (2, "PASSIVE")]) is None  # not the same in every round
+    assert auto_twin([(1000, "")]) is None  # no such hand-picked setting
+    ms = {"auto": [50.0, 52.0, 60.0], "1t": [40.0, 41.0, 42.0], "2t/ACTIVE": [45.0, 46.0, 47.0]}
+    med, ratio = auto_over_best(ms, None)
+    assert med["auto"] == 52.0 and ratio == pytest.approx(41.0 / 52.0)
+    # auto ran as 2 threads ACTIVE: one configuration, six samples, median (47 + 50) / 2
+    med, ratio = auto_over_best(ms, "2t/ACTIVE")
+    assert med["auto"] == med["2t/ACTIVE"] == 48.5 and ratio == pytest.approx(41.0 / 48.5)
+    med, ratio = auto_over_best(ms, "1t")  # pooled, auto's slow samples count against 1t too
+    assert med["auto"] == 46.0 and ratio == 1.0
+
+
+def test_the_thread_child_reports_the_setting_it_ran_with() -> None:
+    env = {"SCALELAB_BENCH_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_train", CHILD, "1"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["threads"] == 1 and got["policy"] == "PASSIVE" and got["ms"] > 0
 
 
 @pytest.mark.slow
