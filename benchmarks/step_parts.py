@@ -18,6 +18,12 @@ shared machine cannot promise.
     python -m benchmarks.step_parts --ab-fixes --steps 3000 train.num_threads=1
     python -m benchmarks.step_parts --ab-fixes --only metrics --steps 3000 train.num_threads=1
     python -m benchmarks.step_parts --preset encoder --start 50 --steps 300
+    python -m benchmarks.step_parts --syncs --steps 200 --start 100
+
+``--syncs`` instead counts, step by step, the tensor calls that make the host wait for the
+device on a GPU (``.item()``, ``float()``, ``bool()``, ``.tolist()``, ``.cpu()``, ``.numpy()``)
+and where they come from. A step that logs has some; the others should have none, or the host
+cannot run ahead of the GPU. It exits 1 when they do.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from typing import Any
 
@@ -64,6 +71,50 @@ def _wrap_pieces(acc: Counter, on: list[bool]) -> None:
         _timed(opt, "step", "optimizer+closure", acc, on)
 
 
+SYNCS = ("item", "__float__", "__int__", "__bool__", "tolist", "cpu", "numpy")
+
+
+def _count_syncs(by_step: Counter, where: Counter, on: list[bool], step: list[int]) -> None:
+    """Count calls of SYNCS on tensors while the clock runs, by step and by calling line; not
+    in the fetch of a batch, which is made on the host before it moves to the device."""
+    import torch
+    from pytorch_lightning.loops import fetchers
+
+    fetching = [False]
+    fetch = fetchers._DataFetcher.__next__
+
+    def fetch_uncounted(self: Any) -> Any:
+        fetching[0] = True
+        try:
+            return fetch(self)
+        finally:
+            fetching[0] = False
+
+    fetchers._DataFetcher.__next__ = fetch_uncounted  # type: ignore[method-assign]
+    for name in SYNCS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self: Any, *args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            if on[0] and not fetching[0]:
+                by_step[step[0]] += 1
+                caller = traceback.extract_stack(limit=2)[0]
+                where[f"{_name} {caller.filename.split('site-packages/')[-1]}:{caller.lineno}"] += 1
+            return _original(self, *args, **kwargs)
+
+        setattr(torch.Tensor, name, counted)
+
+
+def _report_syncs(args: argparse.Namespace, by_step: Counter, where: Counter, log_every: int) -> int:
+    logging = {s for s in range(args.start, args.start + args.steps) if (s + 1) % log_every == 0}
+    on_log = sum(n for s, n in by_step.items() if s in logging)
+    others = sum(n for s, n in by_step.items() if s not in logging)
+    print(f"host syncs in {args.steps} steps (every {log_every}th logs): {on_log} on the "
+          f"{len(logging)} logging steps, {others} on the other {args.steps - len(logging)}")
+    for line, n in where.most_common(12):
+        print(f"  {n:6d}  {line}")
+    return 1 if others else 0
+
+
 FIXES = ("callbacks", "setattr", "metrics")
 
 
@@ -99,9 +150,10 @@ def _fix_switch(which: str) -> Any:
 
 
 def _train_with_clock(args: argparse.Namespace, overrides: list[str], acc: Counter, on: list[bool],
-                      blocks: dict[bool, list[float]], set_fixes: Any) -> None:
-    """Run scalelab-train here with a callback that starts and stops the clock (and, with
-    ``set_fixes``, switches the shortcuts at each block's first step)."""
+                      blocks: dict[bool, list[float]], set_fixes: Any, step: list[int]) -> int:
+    """Run scalelab-train here with a callback that starts and stops the clock and keeps
+    ``step`` current (and, with ``set_fixes``, switches the shortcuts at each block's first
+    step). Returns the run's ``trainer.log_every_n_steps``."""
     import pytorch_lightning as pl
 
     import scalelab.cli.train as T
@@ -112,7 +164,12 @@ def _train_with_clock(args: argparse.Namespace, overrides: list[str], acc: Count
 
     class Clock(pl.Callback):
         def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, idx: int) -> None:
-            step, now = int(trainer.global_step), time.perf_counter()
+            step[0] = int(trainer.global_step)
+            mark["log_every"] = int(trainer.log_every_n_steps)
+            now = time.perf_counter()
+            self.clock(step[0], now)
+
+        def clock(self, step: int, now: float) -> None:
             if step == args.start:
                 on[0], mark["t0"] = True, now
             elif step == end and on[0]:
@@ -139,6 +196,7 @@ def _train_with_clock(args: argparse.Namespace, overrides: list[str], acc: Count
         except SystemExit as e:
             if e.code:
                 raise
+    return int(mark.get("log_every", 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="sweep_point")
     ap.add_argument("--ab-fixes", action="store_true")
     ap.add_argument("--only", choices=FIXES, help="with --ab-fixes: switch this shortcut alone")
+    ap.add_argument("--syncs", action="store_true", help="count host syncs per step instead")
     ap.add_argument("--block", type=int, default=40)
     args, overrides = ap.parse_known_args(argv if argv is not None else sys.argv[1:])
 
@@ -155,12 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     on = [False]
     blocks: dict[bool, list[float]] = {True: [], False: []}
     set_fixes = _fix_switch(args.only or "all") if args.ab_fixes else None
-    if not args.ab_fixes:
+    step, by_step, where = [0], Counter(), Counter()
+    if args.syncs:
+        _count_syncs(by_step, where, on, step)
+    elif not args.ab_fixes:
         _wrap_pieces(acc, on)
-    _train_with_clock(args, overrides, acc, on, blocks, set_fixes)
+    log_every = _train_with_clock(args, overrides, acc, on, blocks, set_fixes, step)
     if "total" not in acc:
         print("step_parts: the timed steps never ran (raise train.max_steps?)", file=sys.stderr)
         return 1
+    if args.syncs:
+        return _report_syncs(args, by_step, where, log_every)
     if set_fixes is not None:
         on_ms, off_ms = (1000 * statistics.median(blocks[k]) for k in (True, False))
         print(f"fixes on {on_ms:.3f} ms/step, off {off_ms:.3f} ms/step: off/on {off_ms / on_ms:.3f} "

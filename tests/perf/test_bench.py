@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -192,7 +193,8 @@ def test_gpu_levers_runs_every_variant_on_cpu(tmp_path: Path) -> None:
 
 def test_step_parts_times_the_pieces_of_a_step_and_switches_the_fixes(tmp_path: Path) -> None:
     """benchmarks/step_parts: the breakdown holds every piece, nested pieces within the whole;
-    the A/B mode really runs blocks with the fixes off and on."""
+    the steps that do not log make no host sync; the A/B mode really runs blocks with the fixes
+    off and on."""
     def run(*args: str) -> str:
         proc = subprocess.run([sys.executable, "-m", "benchmarks.step_parts", "--preset", "encdec", *args,
                                "train.num_threads=1", "optim.warmup_steps=1", f"paths.data_dir={tmp_path}"],
@@ -204,6 +206,13 @@ def test_step_parts_times_the_pieces_of_a_step_and_switches_the_fixes(tmp_path: 
     parts = {ln.split()[0]: float(ln.split()[1]) for ln in table.splitlines()}
     assert set(parts) >= {"total", "optimizer+closure", "backward", "forward+loss", "fetch", "clipping"}
     assert parts["optimizer+closure"] > parts["backward"] + parts["forward+loss"] > parts["backward"] > 0
+    # a GPU step can run ahead of the host only if nothing waits on the device: the steps that do
+    # not log make no .item() or other host sync (the logging steps do, counted to show it works)
+    out = run("--syncs", "--start", "3", "--steps", "12")
+    found = re.search(r"(\d+) on the (\d+) logging steps, (\d+) on the other (\d+)", out)
+    assert found, out[-2000:]
+    on_log, n_log, others, n_others = map(int, found.groups())
+    assert n_log == 1 and on_log > 0 and n_others == 11 and others == 0
     for only in ([], ["--only", "metrics"]):
         ab = run("--ab-fixes", *only, "--block", "2", "--start", "3", "--steps", "8").splitlines()[-1]
         assert ab.startswith("fixes on ") and "off/on" in ab and "(2 + 2 blocks of 2 steps)" in ab
