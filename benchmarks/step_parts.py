@@ -9,10 +9,10 @@ bench's (default ``sweep_point``, where fixed per-step work is the largest share
 overrides go on top.
 
 ``--ab-fixes`` instead turns scalelab's shortcuts for Lightning's per-step work
-(training/lightning_fixes.py and ``LMModule.__setattr__``; with ``--only callbacks|setattr|metrics``
-the one named) off and on in blocks of ``--block`` steps (A B B A ...), in the same run, and
-prints the median step of each: the host's drift hits both alike, which separate runs on a
-shared machine cannot promise.
+(training/lightning_fixes.py and ``LMModule.__setattr__``; with ``--only NAME`` the one named:
+callbacks, setattr, metrics or module_hooks) off and on in blocks of ``--block`` steps
+(A B B A ...), in the same run, and prints the median step of each: the host's drift hits both
+alike, which separate runs on a shared machine cannot promise.
 
     python -m benchmarks.step_parts [--steps 2000] [--start 300] [hydra overrides ...]
     python -m benchmarks.step_parts --ab-fixes --steps 3000 train.num_threads=1
@@ -115,7 +115,7 @@ def _report_syncs(args: argparse.Namespace, by_step: Counter, where: Counter, lo
     return 1 if others else 0
 
 
-FIXES = ("callbacks", "setattr", "metrics")
+FIXES = ("callbacks", "setattr", "metrics", "module_hooks")
 
 
 def _fix_switch(which: str) -> Any:
@@ -128,6 +128,7 @@ def _fix_switch(which: str) -> Any:
     from torch import nn
 
     from scalelab.training.lightning_fixes import (
+        skip_empty_module_hooks,
         skip_inherited_callback_hooks,
         skip_unchanged_step_metrics,
     )
@@ -135,7 +136,9 @@ def _fix_switch(which: str) -> Any:
 
     skip_inherited_callback_hooks()
     skip_unchanged_step_metrics()
+    skip_empty_module_hooks()
     fast, fast_setattr, fast_end = call._call_callback_hooks, LMModule.__setattr__, _LoggerConnector.on_batch_end
+    fast_module, fast_strategy = call._call_lightning_module_hook, call._call_strategy_hook
     switched = set(FIXES) if which == "all" else {which}
 
     def set_fixes(on: bool) -> None:
@@ -145,6 +148,9 @@ def _fix_switch(which: str) -> Any:
             LMModule.__setattr__ = fast_setattr if on else nn.Module.__setattr__  # type: ignore[method-assign]
         if "metrics" in switched:
             _LoggerConnector.on_batch_end = fast_end if on else fast_end.__wrapped__  # type: ignore[method-assign]
+        if "module_hooks" in switched:
+            call._call_lightning_module_hook = fast_module if on else fast_module.__wrapped__
+            call._call_strategy_hook = fast_strategy if on else fast_strategy.__wrapped__
 
     return set_fixes
 

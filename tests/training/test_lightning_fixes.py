@@ -22,6 +22,8 @@ from pytorch_lightning.trainer.connectors.logger_connector.result import (
 )
 
 from scalelab.training.lightning_fixes import (
+    _does_nothing,
+    skip_empty_module_hooks,
     skip_inherited_callback_hooks,
     skip_noop_result_moves,
     skip_unchanged_step_metrics,
@@ -326,3 +328,74 @@ def test_the_gather_shortcut_applied_twice_wraps_once() -> None:
     first = _LoggerConnector.on_batch_end
     skip_unchanged_step_metrics()
     assert _LoggerConnector.on_batch_end is first
+
+
+# --- LightningModule and Strategy hooks: no profiler context, empty module hooks skipped ----
+MODULE_HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_zero_grad",
+                "on_train_batch_end", "on_validation_batch_end", "on_train_epoch_end")
+
+
+def _module_hook_trace(tmp_path: Path, module_hook: Any, strategy_hook: Any) -> list[tuple[str, str | None]]:
+    """(hook, the module's _current_fx_name inside it) for hooks set on the module and for its
+    training and validation steps, which Lightning calls through the strategy."""
+    seen: list[tuple[str, str | None]] = []
+    steps = 4
+    torch.manual_seed(0)
+    module = tiny_module(steps)  # building it applies the fix
+    for hook in MODULE_HOOKS:
+        setattr(module, hook, lambda *a, _hook=hook, **k: seen.append((_hook, module._current_fx_name)))
+    for step in ("training_step", "validation_step"):
+        def traced(batch: Any, batch_idx: int, _step: str = step) -> Any:
+            seen.append((_step, module._current_fx_name))
+            return getattr(type(module), _step)(module, batch, batch_idx)
+        setattr(module, step, traced)
+    trainer = cpu_trainer(steps, tmp_path, val_check_interval=2, limit_val_batches=1)
+    saved = call._call_lightning_module_hook, call._call_strategy_hook
+    call._call_lightning_module_hook, call._call_strategy_hook = module_hook, strategy_hook
+    try:
+        trainer.fit(module, loader(steps * 2, 2), loader(2, 2))
+    finally:
+        call._call_lightning_module_hook, call._call_strategy_hook = saved
+    return seen
+
+
+def test_module_and_strategy_hooks_run_as_with_lightnings_calls(tmp_path: Path) -> None:
+    skip_empty_module_hooks()
+    fast_module, fast_strategy = call._call_lightning_module_hook, call._call_strategy_hook
+    with_fix = _module_hook_trace(tmp_path / "a", fast_module, fast_strategy)
+    original = _module_hook_trace(tmp_path / "b", fast_module.__wrapped__, fast_strategy.__wrapped__)
+    assert with_fix == original
+    assert {hook for hook, _ in with_fix} == {*MODULE_HOOKS, "training_step", "validation_step"}
+    assert all(fx == hook for hook, fx in with_fix)
+
+
+def test_only_hooks_that_do_nothing_count_as_empty() -> None:
+    def documented_pass(self: Any) -> None:
+        """A docstring and pass."""
+
+    def returns_something(self: Any) -> int:
+        return 1
+
+    assert _does_nothing(pl.LightningModule.on_before_backward) and _does_nothing(documented_pass)
+    assert _does_nothing(pl.LightningModule.on_train_batch_start)
+    assert not _does_nothing(returns_something)
+    # the defaults that do something are called
+    for hook in ("backward", "optimizer_zero_grad", "lr_scheduler_step", "optimizer_step",
+                 "configure_gradient_clipping", "training_step"):
+        assert not _does_nothing(getattr(pl.LightningModule, hook)), hook
+
+
+def test_a_real_profiler_still_records_module_hooks(tmp_path: Path) -> None:
+    skip_empty_module_hooks()
+    profiler = SimpleProfiler()
+    trainer = cpu_trainer(2, tmp_path, profiler=profiler, limit_val_batches=0)
+    trainer.fit(tiny_module(2), loader(4, 2))
+    assert any(k.startswith("[LightningModule]CausalLM.on_train_batch_start") for k in profiler.recorded_durations)
+    assert any(k.startswith("[Strategy]SingleDeviceStrategy.training_step") for k in profiler.recorded_durations)
+
+
+def test_skipping_module_hooks_applied_twice_wraps_once() -> None:
+    skip_empty_module_hooks()
+    first = call._call_lightning_module_hook, call._call_strategy_hook
+    skip_empty_module_hooks()
+    assert (call._call_lightning_module_hook, call._call_strategy_hook) == first

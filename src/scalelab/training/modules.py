@@ -32,6 +32,7 @@ from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
 from scalelab.training.lightning_fixes import (
+    skip_empty_module_hooks,
     skip_inherited_callback_hooks,
     skip_noop_result_moves,
     skip_unchanged_step_metrics,
@@ -122,6 +123,7 @@ class LMModule(pl.LightningModule):
         skip_noop_result_moves()  # each self.log walked and deep-copied Lightning's holder
         skip_inherited_callback_hooks()  # 48 callback calls a step, 4 of them with code
         skip_unchanged_step_metrics()  # a gather and two .item() a step, for values unchanged
+        skip_empty_module_hooks()  # ~12 module/strategy hooks a step, half of them empty
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
