@@ -5,8 +5,8 @@ Wraps the pieces of a training step with ``perf_counter`` for the steps ``--star
 optimizer step with Lightning's closure around it (which holds the three before), zero_grad and
 the fetch of a batch, against the whole step (``total``, hook to hook: what is left is Lightning's
 loop, hooks, logging and the lr scheduler). ``--preset`` is one of the training
-bench's (default ``sweep_point``, where fixed per-step work is the largest share); Hydra
-overrides go on top.
+bench's (default ``sweep_point``, where fixed per-step work is the largest share), its GPU
+presets included; Hydra overrides go on top.
 
 ``--ab-fixes`` instead turns scalelab's shortcuts for Lightning's per-step work
 (training/lightning_fixes.py and ``LMModule.__setattr__``; with ``--only NAME`` the one named:
@@ -163,7 +163,7 @@ def _train_with_clock(args: argparse.Namespace, overrides: list[str], acc: Count
     import pytorch_lightning as pl
 
     import scalelab.cli.train as T
-    from benchmarks.bench_train import PRESETS
+    from benchmarks.bench_train import GPU_PRESETS, PRESETS
 
     end = args.start + args.steps
     mark: dict[str, Any] = {}
@@ -196,7 +196,7 @@ def _train_with_clock(args: argparse.Namespace, overrides: list[str], acc: Count
     pl.Trainer.__init__ = init_with_clock  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
         sys.argv = [sys.argv[0], f"paths.output_dir={tmp}/run", "logger=none", f"train.max_steps={end + 2}",
-                    f"train.val_every={end + 2}", *PRESETS[args.preset], *overrides]
+                    f"train.val_every={end + 2}", *{**PRESETS, **GPU_PRESETS}[args.preset], *overrides]
         try:
             T.main()
         except SystemExit as e:
