@@ -385,6 +385,28 @@ def test_only_hooks_that_do_nothing_count_as_empty() -> None:
         assert not _does_nothing(getattr(pl.LightningModule, hook)), hook
 
 
+class UnhashableHook:
+    """A callable hook whose class defines __eq__ only, so its instances do not hash."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self.calls += 1
+
+
+def test_a_hook_may_be_any_callable(tmp_path: Path) -> None:
+    skip_empty_module_hooks()
+    module, hook = tiny_module(2), UnhashableHook()
+    module.on_train_batch_start = hook  # type: ignore[method-assign]
+    cpu_trainer(2, tmp_path, limit_val_batches=0).fit(module, loader(4, 2))
+    assert hook.calls == 2
+    assert not _does_nothing(hook) and _does_nothing(module.on_before_backward)
+
+
 def test_a_real_profiler_still_records_module_hooks(tmp_path: Path) -> None:
     skip_empty_module_hooks()
     profiler = SimpleProfiler()

@@ -186,12 +186,15 @@ def skip_unchanged_step_metrics() -> None:
     _LoggerConnector.on_batch_end = on_batch_end  # type: ignore[method-assign]
 
 
-@functools.cache
 def _does_nothing(fn: Any) -> bool:
-    """Whether a function's body is only a docstring and ``pass`` (it returns None at once)."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return False
+    """Whether ``fn`` (a function or bound method) has a body of only a docstring and ``pass``:
+    it returns None at once. Any other callable counts as doing something."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return code is not None and _code_does_nothing(code)
+
+
+@functools.cache  # keyed by code objects, which always hash (a hook may be any callable)
+def _code_does_nothing(code: Any) -> bool:
     ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP")]
     return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
 
@@ -214,7 +217,7 @@ def skip_empty_module_hooks() -> None:
         if pl_module is None:
             raise TypeError("No `LightningModule` is available to call hooks on.")
         fn = getattr(pl_module, hook_name)
-        if not callable(fn) or _does_nothing(getattr(fn, "__func__", fn)):
+        if not callable(fn) or _does_nothing(fn):
             return None
         prev_fx_name = pl_module._current_fx_name
         pl_module._current_fx_name = hook_name
