@@ -537,15 +537,13 @@ def bench_threads(rounds: int, steps: int, log: Any = print) -> dict[str, Any]:
                 hog.kill()
                 hog.wait()
         twin = auto_twin(chosen)
-        raw = {k: statistics.median(v) for k, v in ms.items()}
+        raw, unpooled = auto_over_best(ms, None)
         med, ratio = auto_over_best(ms, twin)
         best = min((k for k in med if k != "auto"), key=med.get)
-        res[case] = {"ms_per_step": raw, "auto_ran_as": twin or sorted(set(chosen)),
-                     "auto/best": ratio, "auto/best_unpooled": min(v for k, v in raw.items() if k != "auto")
-                     / raw["auto"], "load": os.getloadavg()[0]}
+        res[case] = {"ms_per_step": raw, "auto_ran_as": twin or sorted(set(chosen)), "auto/best": ratio,
+                     "auto/best_unpooled": unpooled, "load": os.getloadavg()[0]}
         log(f"  threads {case}: auto {med['auto']:.1f} ms (ran as {twin or chosen}), best hand-picked "
-            f"{med[best]:.1f} ms ({best}), auto/best {ratio:.2f} "
-            f"(unpooled {res[case]['auto/best_unpooled']:.2f})")
+            f"{med[best]:.1f} ms ({best}), auto/best {ratio:.2f} (unpooled {unpooled:.2f})")
     return res
 
 

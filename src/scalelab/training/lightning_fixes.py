@@ -142,16 +142,15 @@ def _checked_dicts(connector: _LoggerConnector) -> tuple[dict[str, Any], ...]:
     return connector._progress_bar_metrics, connector._callback_metrics
 
 
-def _gather_would_repeat(connector: _LoggerConnector, results: _ResultCollection) -> bool:
-    """Whether gathering now would write what the last gather from ``results`` wrote: the same
-    inputs, the same three dicts (``reset_metrics`` replaces them), and every progress-bar and
-    callback value it wrote still in place (another loop's gather of the same name, or the
-    epoch-end gather, would have replaced it)."""
+def _gather_would_repeat(connector: _LoggerConnector, results: _ResultCollection, now: list[Any]) -> bool:
+    """Whether gathering from ``results``, whose inputs are ``now``, would write what its last
+    gather wrote: the same inputs, the same three dicts (``reset_metrics`` replaces them), and
+    every progress-bar and callback value it wrote still in place (another loop's gather of the
+    same name, or the epoch-end gather, would have replaced it)."""
     last = connector.__dict__.get(_LAST_GATHERS, {}).get(id(results))
     if last is None:
         return False
     inputs, logged, written = last
-    now = _gather_inputs(results)
     if len(now) != len(inputs) or not all(a is b for a, b in zip(now, inputs, strict=True)):
         return False
     return connector._logged_metrics is logged and all(
@@ -172,11 +171,11 @@ def skip_unchanged_step_metrics() -> None:
         results = self.trainer._results
         if results is None or self._first_loop_iter is None:  # not a batch: the original asserts
             return original(self)
-        if _gather_would_repeat(self, results):
+        inputs = _gather_inputs(results)
+        if _gather_would_repeat(self, results, inputs):
             results.batch = None
             results.batch_size = None
             return None
-        inputs = _gather_inputs(results)
         original(self)
         written = tuple((d, tuple(d.items())) for d in _checked_dicts(self))
         self.__dict__.setdefault(_LAST_GATHERS, {})[id(results)] = (inputs, self._logged_metrics, written)
