@@ -31,6 +31,7 @@ from scalelab.model.fused_layout import fused_splits
 from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
+from scalelab.training.flat_params import FlatAdamW
 from scalelab.training.lightning_fixes import (
     skip_empty_module_hooks,
     skip_inherited_callback_hooks,
@@ -324,6 +325,10 @@ class LMModule(pl.LightningModule):
             if not self.optim_cfg.grad_clip:
                 return
             gradient_clip_val, gradient_clip_algorithm = self.optim_cfg.grad_clip, "norm"
+        if isinstance(optimizer, FlatAdamW) and str(gradient_clip_algorithm or "norm").lower() == "norm":
+            if gradient_clip_val > 0:  # the same formula over one flat gradient (flat_params.py)
+                optimizer.clip_grad_norm_(float(gradient_clip_val))
+            return
         if isinstance(self.trainer.strategy, FSDPStrategy) and gradient_clip_val > 0:
             # Lightning's FSDPPrecision refuses norm clipping; the FSDP root module computes the
             # norm over every rank's shards (a local clip_grad_norm_ would see one shard only).
@@ -359,12 +364,30 @@ class LMModule(pl.LightningModule):
                 )
             cfg = replace(cfg, fused=False)
         opt, self.group_summary = build_optimizer(
-            self.model, cfg, hidden_lr_scale=1.0 / self.model.cfg.width_multiplier)
+            self.model, cfg, hidden_lr_scale=1.0 / self.model.cfg.width_multiplier,
+            flat=self._flat_params(cfg))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, build_lr_lambda(cfg, self.total_steps))
         return {
             "optimizer": opt,
             "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1, "name": "lr"},
         }
+
+    def _flat_params(self, cfg: OptimConfig) -> bool:
+        """Whether the optimizer steps one flat tensor per group (training/flat_params.py):
+        ``optim.flat_params``, or by default in a one-process run that does not compile (DDP
+        and FSDP own the gradients' layout; Dynamo's handling of parameters that are views of one
+        tensor is not measured)."""
+        from pytorch_lightning.strategies import SingleDeviceStrategy
+
+        trainer = self._trainer
+        one_process = trainer is not None and isinstance(trainer.strategy, SingleDeviceStrategy)
+        if cfg.flat_params is None:
+            return one_process and not self.use_compile
+        if cfg.flat_params and not one_process:
+            name = type(trainer.strategy).__name__ if trainer is not None else "no trainer"
+            raise ValueError(f"optim.flat_params=true needs a one-process run, not {name}; "
+                             "set optim.flat_params=null or false")
+        return bool(cfg.flat_params)
 
     def on_train_epoch_start(self) -> None:
         self._win_loss, self._win_n = None, 0

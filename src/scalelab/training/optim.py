@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from scalelab.training.config import OptimConfig
+from scalelab.training.flat_params import FlatAdamW
 
 # Parameters held directly (not in an nn.Embedding) that are embeddings by name.
 _EMBED_NAME = re.compile(r"(^|\.)(wte|wpe|tok_emb\w*|pos_emb\w*|\w*embed\w*|\w*embedding\w*)(\.|$)")
@@ -116,10 +117,12 @@ def fused_available(params: list[torch.Tensor]) -> bool:
     )
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig,
-                    hidden_lr_scale: float = 1.0) -> tuple[torch.optim.AdamW, GroupSummary]:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, hidden_lr_scale: float = 1.0,
+                    flat: bool = False) -> tuple[torch.optim.AdamW, GroupSummary]:
     """AdamW over :func:`param_groups`; fused kernel when available (or forced by ``cfg.fused``).
-    ``hidden_lr_scale`` is µP's 1/m for the hidden matrices (1.0: one lr for all)."""
+    ``hidden_lr_scale`` is µP's 1/m for the hidden matrices (1.0: one lr for all). ``flat``:
+    one flat tensor per group (:class:`~scalelab.training.flat_params.FlatAdamW`); the module's
+    parameters become views into them."""
     groups, summary = param_groups(model, cfg.weight_decay, cfg.decay_embeddings, hidden_lr_scale)
     for g in groups:
         g["lr"] = cfg.lr * g.get("lr_scale", 1.0)
@@ -132,7 +135,6 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig,
             "set optim.fused=null (auto) or false"
         )
     kwargs: dict[str, Any] = {"fused": True} if fused else {"foreach": None}  # None: torch picks foreach on GPU
-    opt = torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kwargs
-    )
+    kind = FlatAdamW if flat else torch.optim.AdamW
+    opt = kind(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kwargs)
     return opt, summary
