@@ -40,17 +40,22 @@ from typing import Any
 import scalelab.cli  # noqa: F401  (sets the OpenMP policy before torch loads)
 
 
+_OPEN: Counter = Counter()  # timed calls under way, by key: a nested one is not counted again
+
+
 def _timed(owner: Any, name: str, key: str, acc: Counter, on: list[bool]) -> None:
     original = getattr(owner, name)
 
     def timed(*args: Any, **kwargs: Any) -> Any:
-        if not on[0]:
+        if not on[0] or _OPEN[key]:
             return original(*args, **kwargs)
+        _OPEN[key] += 1
         t0 = time.perf_counter()
         try:
             return original(*args, **kwargs)
         finally:
             acc[key] += time.perf_counter() - t0
+            _OPEN[key] -= 1
 
     setattr(owner, name, timed)
 
@@ -67,7 +72,10 @@ def _wrap_pieces(acc: Counter, on: list[bool]) -> None:
                              (torch.optim.Optimizer, "zero_grad", "zero_grad"),
                              (fetchers._DataFetcher, "__next__", "fetch")]:
         _timed(owner, name, key, acc, on)
-    for opt in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):
+    from scalelab.training.flat_params import FlatAdamW
+
+    # FlatAdamW runs the closure itself, then AdamW's step (not counted twice: see _timed)
+    for opt in (FlatAdamW, torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):
         _timed(opt, "step", "optimizer+closure", acc, on)
 
 
