@@ -39,7 +39,6 @@ from typing import Any
 
 import scalelab.cli  # noqa: F401  (sets the OpenMP policy before torch loads)
 
-
 _OPEN: Counter = Counter()  # timed calls under way, by key: a nested one is not counted again
 
 

@@ -62,6 +62,8 @@ def test_flat_adamw_trains_as_adamw_does(fused: bool) -> None:
         assert all(p.untyped_storage().data_ptr() == base for p in group.params)
         assert all(p.grad is v for p, v in zip(group.params, group.grad_views, strict=True))
     assert [len(g["params"]) for g in flat_opt.param_groups] == [1, 1]
+    # the steps above took the direct fused-kernel path where the groups are fused
+    assert flat_opt._fused_step() is fused
 
 
 @pytest.mark.parametrize("max_norm", [0.05, 1e3])  # clipped, and left alone
