@@ -6,11 +6,12 @@ import io
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from scalelab.data.datamodules import CausalLMDataModule
 from scalelab.model import ModelConfig, Transformer
-from scalelab.training import CausalLM, OptimConfig, param_groups
+from scalelab.training import CausalLM, OptimConfig, build_optimizer, param_groups
 from scalelab.training.flat_params import FlatAdamW, flatten_state
 
 from .test_callbacks import T, V
@@ -148,12 +149,22 @@ def test_zero_grad_puts_back_a_replaced_gradient_and_step_refuses_a_late_one() -
         opt.step()
 
 
-def test_a_group_mixing_dtypes_is_refused() -> None:
+def test_mixed_dtypes_are_refused_when_asked_for_and_left_alone_by_default(tmp_path: Path) -> None:
     model = _model()
     groups = param_groups(model, 0.1)[0]
     groups[1]["params"][0].data = groups[1]["params"][0].data.double()
     with pytest.raises(ValueError, match=r"optim\.flat_params.*set optim\.flat_params=false"):
         FlatAdamW(groups, lr=1e-2)
+    module = CausalLM(ModelConfig(vocab_size=V, max_seq_len=T, d_model=16, n_layers=1, n_heads=4),
+                      OptimConfig(lr=1e-2), total_steps=2)
+    module.trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                                enable_checkpointing=False, default_root_dir=tmp_path)
+    assert module._flat_params(module.optim_cfg)  # one process, eager: on by default
+    weight = next(module.model.parameters())
+    weight.data = weight.data.double()
+    assert not module._flat_params(module.optim_cfg)  # two dtypes: per-parameter AdamW
+    with pytest.raises(ValueError, match=r"optim\.flat_params"):
+        build_optimizer(module.model, OptimConfig(lr=1e-2, flat_params=True), flat=True)
 
 
 def test_a_one_process_run_steps_flat_groups_and_resumes_either_way(tmp_path: Path,

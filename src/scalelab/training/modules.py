@@ -381,8 +381,9 @@ class LMModule(pl.LightningModule):
 
         trainer = self._trainer
         one_process = trainer is not None and isinstance(trainer.strategy, SingleDeviceStrategy)
-        if cfg.flat_params is None:
-            return one_process and not self.use_compile
+        if cfg.flat_params is None:  # one flat tensor needs one dtype and device
+            kinds = {(p.dtype, p.device) for p in self.model.parameters() if p.requires_grad}
+            return one_process and not self.use_compile and len(kinds) == 1
         if cfg.flat_params and not one_process:
             name = type(trainer.strategy).__name__ if trainer is not None else "no trainer"
             raise ValueError(f"optim.flat_params=true needs a one-process run, not {name}; "
