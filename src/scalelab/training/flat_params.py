@@ -26,6 +26,7 @@ What differs:
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,14 +59,23 @@ class FlatGroup:
                     p.grad = v
 
 
+def _kinds(params: Iterable[torch.Tensor]) -> set[tuple[torch.dtype, torch.device]]:
+    return {(p.dtype, p.device) for p in params}
+
+
+def fits_one_tensor(params: Iterable[torch.Tensor]) -> bool:
+    """Whether ``params`` can share one flat tensor: one dtype and one device."""
+    return len(_kinds(params)) == 1
+
+
 def flatten(groups: list[list[nn.Parameter]]) -> tuple[torch.Tensor, list[FlatGroup]]:
     """Move every group's parameters into one flat tensor (values and any gradients kept), a
     slice of it per group; each parameter becomes a view of its group's slice, and its gradient
     a view of one flat gradient, returned first (one norm and one scale clip it all)."""
     params = [p for g in groups for p in g]
-    kinds = {(p.dtype, p.device) for p in params}
-    if len(kinds) != 1:
-        raise ValueError(f"optim.flat_params: the parameters mix dtypes/devices {sorted(map(str, kinds))}; "
+    if not fits_one_tensor(params):
+        kinds = sorted(map(str, _kinds(params)))
+        raise ValueError(f"optim.flat_params: the parameters mix dtypes/devices {kinds}; "
                          "set optim.flat_params=false")
     values = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
     grads = torch.zeros_like(values)

@@ -31,7 +31,7 @@ from scalelab.model.fused_layout import fused_splits
 from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
-from scalelab.training.flat_params import FlatAdamW
+from scalelab.training.flat_params import FlatAdamW, fits_one_tensor
 from scalelab.training.lightning_fixes import (
     skip_empty_module_hooks,
     skip_inherited_callback_hooks,
@@ -381,9 +381,9 @@ class LMModule(pl.LightningModule):
 
         trainer = self._trainer
         one_process = trainer is not None and isinstance(trainer.strategy, SingleDeviceStrategy)
-        if cfg.flat_params is None:  # one flat tensor needs one dtype and device
-            kinds = {(p.dtype, p.device) for p in self.model.parameters() if p.requires_grad}
-            return one_process and not self.use_compile and len(kinds) == 1
+        if cfg.flat_params is None:
+            trainable = (p for p in self.model.parameters() if p.requires_grad)
+            return one_process and not self.use_compile and fits_one_tensor(trainable)
         if cfg.flat_params and not one_process:
             name = type(trainer.strategy).__name__ if trainer is not None else "no trainer"
             raise ValueError(f"optim.flat_params=true needs a one-process run, not {name}; "
