@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused_layout
+from . import fused_layout, small_head_attention
 from .config import ModelConfig
 from .positions import Rotary, _identity
 
@@ -68,10 +68,14 @@ class _Attention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 ctx: AttnContext) -> torch.Tensor:
         mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=ctx.is_causal and mask is None,
-            enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)
+        dropout = self.dropout if self.training else 0.0
+        if small_head_attention.applies(q, k, dropout):  # CPU, head_dim <= 8: ~2x faster
+            y = small_head_attention.attention(q, k, v, mask, ctx.is_causal and mask is None,
+                                               self.scale)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=ctx.is_causal and mask is None,
+                enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)
         b, _, t, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 

@@ -1,0 +1,86 @@
+"""Attention for small heads on a CPU: softmax(q k^T * scale + mask) v as batched matmuls, with
+its backward written out.
+
+Why: at head_dim <= 8 (every CPU sweep preset uses 4 or 8) torch's CPU flash-attention kernel
+is 1.2-2.7x slower, forward plus backward, than three batched matmuls and a softmax, and most of
+the difference is one detail: a bmm whose output has head_dim columns runs ~4x slower than its
+transpose. So every product that ends in head_dim columns (p v forward; dv, dq, dk backward) is
+computed transposed, (v^T p^T)^T, and handed on as a strided view. At head_dim 16-64 neither
+side wins on 1 thread, so SDPA keeps those (docs/performance.md, "Small heads").
+
+The scores [B*H, Tq, Tk] are materialized and kept for backward, which is why sequences are
+capped at MAX_SEQ. Results equal SDPA's to float rounding (tests/model/test_small_head_attention.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+MAX_HEAD_DIM = 8  # measured crossover: above it, SDPA is as fast or faster on 1 thread
+MAX_SEQ = 256  # keys; bounds the [B*H, Tq, Tk] probabilities kept for backward
+ENABLED = True  # tests and benchmarks compare against SDPA by turning it off
+
+
+def applies(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
+    """Whether this path is used: plain fp32 on a CPU, small heads, no dropout, not compiling
+    (inductor makes its own kernel from SDPA)."""
+    return (ENABLED and q.device.type == "cpu" and q.dtype == torch.float32
+            and q.shape[-1] <= MAX_HEAD_DIM and k.shape[-2] <= MAX_SEQ and dropout_p == 0.0
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              is_causal: bool, scale: float | None) -> torch.Tensor:
+    """SDPA's result for q [B, H, Tq, hd] and k, v [B, Hkv, Tk, hd] (Hkv divides H, as SDPA's
+    enable_gqa), an additive float mask broadcastable to [B, H, Tq, Tk], or is_causal with
+    Tq == Tk. Returns [B, H, Tq, hd] (a strided view)."""
+    b, h, tq, hd = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    if hkv != h:  # query head i reads K/V head i // (h / hkv), as SDPA's enable_gqa
+        k, v = (t[:, :, None].expand(b, hkv, h // hkv, tk, hd).reshape(b, h, tk, hd) for t in (k, v))
+    if mask is not None:
+        mask = mask.expand(b, h, tq, tk).reshape(b * h, tq, tk)
+    elif is_causal:
+        mask = _causal_mask(tq, q.dtype, q.device)
+    y = _SmallHeadAttention.apply(q.reshape(b * h, tq, hd), k.reshape(b * h, tk, hd),
+                                  v.reshape(b * h, tk, hd), mask,
+                                  hd ** -0.5 if scale is None else scale)
+    return y.view(b, h, tq, hd)
+
+
+_CAUSAL: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _causal_mask(t: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[t, t]: 0 on and below the diagonal, -inf above (every row keeps its own position)."""
+    key = (t, dtype, device)
+    if key not in _CAUSAL:
+        _CAUSAL[key] = torch.full((t, t), float("-inf"), dtype=dtype, device=device).triu(1)
+    return _CAUSAL[key]
+
+
+class _SmallHeadAttention(torch.autograd.Function):
+    """q [N, Tq, hd], k and v [N, Tk, hd], mask None or broadcastable to [N, Tq, Tk]."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+        kt = k.transpose(1, 2)
+        s = torch.bmm(q, kt).mul_(scale) if mask is None else torch.baddbmm(mask, q, kt, alpha=scale)
+        p = torch.softmax(s, dim=-1)
+        ctx.save_for_backward(q, k, v, p)
+        ctx.scale = scale  # type: ignore[attr-defined]
+        return torch.bmm(v.transpose(1, 2), p.transpose(1, 2)).transpose(1, 2)  # = p v
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, p = ctx.saved_tensors  # type: ignore[attr-defined]
+        scale = ctx.scale  # type: ignore[attr-defined]
+        dp = torch.bmm(dy, v.transpose(1, 2))
+        dv = torch.bmm(dy.transpose(1, 2), p).transpose(1, 2)  # = p^T dy
+        ds = torch._softmax_backward_data(dp, p, -1, p.dtype)  # p * (dp - sum(dp * p))
+        dq = torch.bmm(k.transpose(1, 2), ds.transpose(1, 2)).transpose(1, 2).mul_(scale)  # ds k
+        dk = torch.bmm(q.transpose(1, 2), ds).transpose(1, 2).mul_(scale)  # ds^T q
+        return dq, dk, dv, None, None

@@ -1,0 +1,109 @@
+"""The CPU small-head attention path equals SDPA (outputs and gradients) and is taken only where
+it was measured to be faster."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scalelab.model import ModelConfig, Transformer
+from scalelab.model import small_head_attention as sha
+from scalelab.model.transformer import MASK_VALUE
+
+
+def _inputs(b: int, h: int, hkv: int, tq: int, tk: int, hd: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(b, n, t, hd, generator=g, requires_grad=True)
+            for n, t in ((h, tq), (hkv, tk), (hkv, tk))]
+
+
+def _padding_mask(b: int, tq: int, tk: int) -> torch.Tensor:
+    keep = torch.ones(b, tk, dtype=torch.bool)
+    keep[0, -3:] = False  # the first row's last three keys are padding
+    return torch.where(keep[:, None, None, :], 0.0, MASK_VALUE).expand(b, 1, tq, tk)
+
+
+def _alibi_like(h: int, tq: int, tk: int) -> torch.Tensor:
+    dist = (torch.arange(tk)[None, :] - torch.arange(tq)[:, None]).abs().float()
+    return (-torch.linspace(0.1, 1.0, h)[:, None, None] * dist)[None]
+
+
+CASES = {
+    "causal": dict(hkv=3, tq=16, tk=16, causal=True, mask=None),
+    "bidirectional": dict(hkv=3, tq=16, tk=16, causal=False, mask=None),
+    "padding": dict(hkv=3, tq=16, tk=16, causal=False, mask="padding"),
+    "per-head bias": dict(hkv=3, tq=16, tk=16, causal=False, mask="alibi"),
+    "gqa causal": dict(hkv=1, tq=16, tk=16, causal=True, mask=None),
+    "decode step (past keys)": dict(hkv=3, tq=1, tk=9, causal=False, mask="padding"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_outputs_and_gradients_equal_sdpa(case: str, scale: float | None) -> None:
+    c = CASES[case]
+    b, h, hd = 2, 3, 4
+    tq, tk, hkv = c["tq"], c["tk"], c["hkv"]
+    mask = {None: None, "padding": _padding_mask(b, tq, tk), "alibi": _alibi_like(h, tq, tk)}[c["mask"]]
+    q, k, v = _inputs(b, h, hkv, tq, tk, hd)
+    assert sha.applies(q, k, 0.0)
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    ours = sha.attention(q, k, v, mask, c["causal"], scale)
+    want = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, is_causal=c["causal"],
+                                          scale=scale, enable_gqa=hkv != h)
+    torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
+    dy = torch.randn_like(want)
+    ours.backward(dy)
+    want.backward(dy)
+    for mine, theirs in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_taken_only_where_measured_faster() -> None:
+    q, k, _ = _inputs(2, 3, 3, 16, 16, 8)
+    assert sha.applies(q, k, 0.0)
+    assert not sha.applies(q, k, 0.1), "dropout goes to SDPA"
+    wide, _, _ = _inputs(2, 3, 3, 16, 16, 16)
+    assert not sha.applies(wide, wide, 0.0), "head_dim 16: SDPA is as fast"
+    long_q, long_k, _ = _inputs(1, 1, 1, 1, sha.MAX_SEQ + 1, 4)
+    assert not sha.applies(long_q, long_k, 0.0), "the scores would be too large to keep"
+    assert not sha.applies(q.bfloat16(), k.bfloat16(), 0.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not sha.applies(q, k, 0.0)
+
+
+def _graph_names(t: torch.Tensor) -> set[str]:
+    seen, todo = set(), [t.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        todo.extend(nxt for nxt, _ in fn.next_functions)
+    return {type(fn).__name__ for fn in seen}
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder"])
+def test_a_small_head_transformer_trains_the_same_either_way(arch: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """d=12, 3 heads (a CPU sweep point's shape): same loss and gradients with the path on and
+    off, and the path is really what runs when on."""
+    cfg = ModelConfig(arch=arch, vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3)
+    ids = torch.randint(0, 50, (4, 32), generator=torch.Generator().manual_seed(1))
+    results = {}
+    for enabled in (True, False):
+        monkeypatch.setattr(sha, "ENABLED", enabled)
+        torch.manual_seed(0)
+        model = Transformer(cfg)
+        keep = torch.ones(4, 32, dtype=torch.bool)
+        keep[1, -5:] = False
+        logits = model(ids, attention_mask=keep if arch == "encoder" else None)
+        names = _graph_names(logits)
+        assert any(n.startswith("_SmallHeadAttention") for n in names) == enabled, names
+        loss = F.cross_entropy(logits.flatten(0, 1), ids.flatten())
+        loss.backward()
+        results[enabled] = (loss.detach(), [p.grad for p in model.parameters()])
+    torch.testing.assert_close(results[True][0], results[False][0])
+    for a, b in zip(results[True][1], results[False][1], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
