@@ -3,6 +3,8 @@ it was measured to be faster."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,17 @@ import torch.nn.functional as F
 from scalelab.model import ModelConfig, Transformer
 from scalelab.model import small_head_attention as sha
 from scalelab.model.transformer import MASK_VALUE
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """The path is for one thread a process (a CPU sweep point's setting)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _inputs(b: int, h: int, hkv: int, tq: int, tk: int, hd: int) -> list[torch.Tensor]:
@@ -41,7 +54,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("scale", [None, 0.3])
-def test_outputs_and_gradients_equal_sdpa(case: str, scale: float | None) -> None:
+def test_outputs_and_gradients_equal_sdpa(case: str, scale: float | None, one_thread: None) -> None:
     c = CASES[case]
     b, h, hd = 2, 3, 4
     tq, tk, hkv = c["tq"], c["tk"], c["hkv"]
@@ -60,10 +73,16 @@ def test_outputs_and_gradients_equal_sdpa(case: str, scale: float | None) -> Non
         torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
 
 
-def test_taken_only_where_measured_faster() -> None:
+def test_taken_only_where_measured_faster(one_thread: None) -> None:
     q, k, _ = _inputs(2, 3, 3, 16, 16, 8)
     assert sha.applies(q, k, 0.0)
     assert not sha.applies(q, k, 0.1), "dropout goes to SDPA"
+    with torch.no_grad():
+        assert not sha.applies(q, k, 0.0), "a forward alone is faster in SDPA"
+    assert not sha.applies(q.detach(), k.detach(), 0.0), "no gradient wanted"
+    torch.set_num_threads(2)
+    assert not sha.applies(q, k, 0.0), "with 2 threads flash parallelizes better"
+    torch.set_num_threads(1)
     wide, _, _ = _inputs(2, 3, 3, 16, 16, 16)
     assert not sha.applies(wide, wide, 0.0), "head_dim 16: SDPA is as fast"
     long_q, long_k, _ = _inputs(1, 1, 1, 1, sha.MAX_SEQ + 1, 4)
@@ -85,8 +104,8 @@ def _graph_names(t: torch.Tensor) -> set[str]:
 
 
 @pytest.mark.parametrize("arch", ["decoder", "encoder"])
-def test_a_small_head_transformer_trains_the_same_either_way(arch: str,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_small_head_transformer_trains_the_same_either_way(
+        arch: str, monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
     """d=12, 3 heads (a CPU sweep point's shape): same loss and gradients with the path on and
     off, and the path is really what runs when on."""
     cfg = ModelConfig(arch=arch, vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3)

@@ -69,7 +69,7 @@ class _Attention(nn.Module):
                 ctx: AttnContext) -> torch.Tensor:
         mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
         dropout = self.dropout if self.training else 0.0
-        if small_head_attention.applies(q, k, dropout):  # CPU, head_dim <= 8: ~2x faster
+        if small_head_attention.applies(q, k, dropout):  # CPU training, head_dim <= 8
             y = small_head_attention.attention(q, k, v, mask, ctx.is_causal and mask is None,
                                                self.scale)
         else:

@@ -1,14 +1,17 @@
 """Attention for small heads on a CPU: softmax(q k^T * scale + mask) v as batched matmuls, with
 its backward written out.
 
-Why: at head_dim <= 8 (every CPU sweep preset uses 4 or 8) torch's CPU flash-attention kernel
-is 1.2-2.7x slower, forward plus backward, than three batched matmuls and a softmax, and most of
-the difference is one detail: a bmm whose output has head_dim columns runs ~4x slower than its
-transpose. So every product that ends in head_dim columns (p v forward; dv, dq, dk backward) is
-computed transposed, (v^T p^T)^T, and handed on as a strided view. At head_dim 16-64 neither
-side wins on 1 thread, so SDPA keeps those (docs/performance.md, "Small heads").
+Why: a CPU sweep point (head_dim 4 or 8, 64 positions, 1 thread a run) spends much of its step in
+the backward of torch's CPU flash-attention kernel. Written out, that backward is ~1.5x faster,
+mostly thanks to one detail: a bmm whose output has head_dim columns runs ~4x slower than its
+transpose, so every product that ends in head_dim columns (p v forward; dv, dq, dk backward) is
+computed transposed, (v^T p^T)^T, and handed on as a strided view. The forward is no faster than
+flash's, which skips the masked half and reads q, k, v in place, so the path is used only where
+it was measured to win (docs/performance.md, "Small heads on a CPU"): training, 1 thread,
+head_dim <= 8. A sweep point's step: 1.04x (1.00-1.08x over six runs); 2 threads: 0.97-1.00x;
+a forward alone (held-out scoring): 0.53x at d=12, which is why no-grad forwards keep SDPA.
 
-The scores [B*H, Tq, Tk] are materialized and kept for backward, which is why sequences are
+The probabilities [B*H, Tq, Tk] are materialized and kept for backward, which is why keys are
 capped at MAX_SEQ. Results equal SDPA's to float rounding (tests/model/test_small_head_attention.py).
 """
 
@@ -17,16 +20,18 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-MAX_HEAD_DIM = 8  # measured crossover: above it, SDPA is as fast or faster on 1 thread
+MAX_HEAD_DIM = 8  # measured crossover: from 16 on, SDPA is as fast or faster
 MAX_SEQ = 256  # keys; bounds the [B*H, Tq, Tk] probabilities kept for backward
 ENABLED = True  # tests and benchmarks compare against SDPA by turning it off
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
-    """Whether this path is used: plain fp32 on a CPU, small heads, no dropout, not compiling
+    """Whether this path is used: a training forward (its backward is the gain) in plain fp32 on
+    one CPU thread (with more, flash parallelizes better), small heads, no dropout, not compiling
     (inductor makes its own kernel from SDPA)."""
-    return (ENABLED and q.device.type == "cpu" and q.dtype == torch.float32
-            and q.shape[-1] <= MAX_HEAD_DIM and k.shape[-2] <= MAX_SEQ and dropout_p == 0.0
+    return (ENABLED and q.device.type == "cpu" and q.dtype == torch.float32 and q.requires_grad
+            and torch.is_grad_enabled() and q.shape[-1] <= MAX_HEAD_DIM and k.shape[-2] <= MAX_SEQ
+            and dropout_p == 0.0 and torch.get_num_threads() == 1
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
 
 
