@@ -8,15 +8,16 @@ loop, hooks, logging and the lr scheduler). ``--preset`` is one of the training
 bench's (default ``sweep_point``, where fixed per-step work is the largest share), its GPU
 presets included; Hydra overrides go on top.
 
-``--ab-fixes`` instead turns scalelab's shortcuts for Lightning's per-step work
-(training/lightning_fixes.py and ``LMModule.__setattr__``; with ``--only NAME`` the one named:
-callbacks, setattr, metrics or module_hooks) off and on in blocks of ``--block`` steps
+``--ab-fixes`` instead turns scalelab's per-step shortcuts (training/lightning_fixes.py,
+``LMModule.__setattr__`` and model/small_head_attention.py; with ``--only NAME`` the one named:
+callbacks, setattr, metrics, module_hooks or small_heads) off and on in blocks of ``--block`` steps
 (A B B A ...), in the same run, and prints the median step of each: the host's drift hits both
 alike, which separate runs on a shared machine cannot promise.
 
     python -m benchmarks.step_parts [--steps 2000] [--start 300] [hydra overrides ...]
     python -m benchmarks.step_parts --ab-fixes --steps 3000 train.num_threads=1
     python -m benchmarks.step_parts --ab-fixes --only metrics --steps 3000 train.num_threads=1
+    python -m benchmarks.step_parts --ab-fixes --only small_heads --steps 3000 train.num_threads=1
     python -m benchmarks.step_parts --preset encoder --start 50 --steps 300
     python -m benchmarks.step_parts --syncs --steps 200 --start 100
 
@@ -122,7 +123,7 @@ def _report_syncs(args: argparse.Namespace, by_step: Counter, where: Counter, lo
     return 1 if others else 0
 
 
-FIXES = ("callbacks", "setattr", "metrics", "module_hooks")
+FIXES = ("callbacks", "setattr", "metrics", "module_hooks", "small_heads")
 
 
 def _fix_switch(which: str) -> Any:
@@ -134,6 +135,7 @@ def _fix_switch(which: str) -> Any:
     )
     from torch import nn
 
+    from scalelab.model import small_head_attention
     from scalelab.training.lightning_fixes import (
         skip_empty_module_hooks,
         skip_inherited_callback_hooks,
@@ -158,6 +160,8 @@ def _fix_switch(which: str) -> Any:
         if "module_hooks" in switched:
             call._call_lightning_module_hook = fast_module if on else fast_module.__wrapped__
             call._call_strategy_hook = fast_strategy if on else fast_strategy.__wrapped__
+        if "small_heads" in switched:
+            small_head_attention.ENABLED = on  # else SDPA
 
     return set_fixes
 
