@@ -71,6 +71,9 @@ PRESETS: dict[str, list[str]] = {
                     "optim.lr=0.02", "optim.warmup_steps=14", "optim.beta2=0.95",
                     "callbacks.sample.enabled=false", "logger.log_checkpoint=false"],
 }
+# Threads a preset runs with where not the bench's rule for one process: a sweep gives each of
+# its parallel points cores/jobs threads, which is 1 for the CPU sweep presets (a job a core).
+PRESET_THREADS: dict[str, int] = {"sweep_point": 1}
 # r50k_base holds GPT-2's ranks under tiktoken's one-file format, which an offline machine can be
 # given (docs/performance.md). The 3 special ids scalelab adds make its vocabulary 50,260; the
 # model's is padded to 50,304 (a multiple of 128, as nanoGPT's), since unaligned output rows slow
@@ -392,7 +395,7 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
         # one validation mid-run as well as the last step's, so its cost is measured
         plat.append(run_platform([*overrides, f"train.val_every={max(1, platform_steps // 2)}"],
                                  platform_steps, workdir, threads, gpu, partner=loops["model"], turn=turn))
-        log(f"  {name} round {r + 1}/{rounds}: " + ", ".join(
+        log(f"  {name} round {r + 1}/{rounds} ({threads} thread{'s' * (threads > 1)}): " + ", ".join(
             f"{s} {loop.tokens / step_times[s][-1]:,.0f} tok/s" for s, loop in loops.items())
             + "; per CPU-second: " + ", ".join(
                 f"{s} {loop.tokens / step_cpu[s][-1]:,.0f}" for s, loop in loops.items())
@@ -401,7 +404,7 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
             f"({plat[-1]['tokens_per_s'] / plat[-1]['partner_tokens_per_s']:.2f}); first step "
             f"{fmt(plat[-1]['time_to_first_step_s'], '.1f')} s")
     res: dict[str, Any] = {"preset": name, "tokens_per_step": loops["model"].tokens,
-                           "params": mcfg.n_params()}
+                           "params": mcfg.n_params(), "threads": threads}
     for side, loop in loops.items():
         res[f"{side}_tokens_per_s"] = loop.tokens / statistics.median(step_times[side])
         res[f"{side}_tokens_per_cpu_s"] = loop.tokens / statistics.median(step_cpu[side])
@@ -723,9 +726,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
         if not args.no_train:
             for name in presets:
+                n_threads = plan.threads if args.gpu else PRESET_THREADS.get(name, plan.threads)
+                torch.set_num_threads(n_threads)  # the plain loops'; the run gets train.num_threads
                 results.append(bench_preset(name, table_of[name], rounds, loop_steps,
-                                            platform_steps, Path(tmp), plan.threads, args.gpu,
+                                            platform_steps, Path(tmp), n_threads, args.gpu,
                                             log=lambda s: print(s, flush=True)))
+            torch.set_num_threads(plan.threads)
     threads = bench_threads(rounds, 40) if (args.threads or args.full) and not args.gpu else None
     memory = bench_memory() if args.full or args.memory else None
     if results:
