@@ -126,3 +126,19 @@ def test_a_small_head_transformer_trains_the_same_either_way(
     torch.testing.assert_close(results[True][0], results[False][0])
     for a, b in zip(results[True][1], results[False][1], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_activation_checkpointing_recomputes_it_to_the_same_gradients(one_thread: None) -> None:
+    cfg = ModelConfig(arch="decoder", vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3)
+    ids = torch.randint(0, 50, (4, 32), generator=torch.Generator().manual_seed(2))
+    grads = {}
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = Transformer(cfg)
+        model.set_activation_checkpointing(checkpointing)
+        logits = model(ids)
+        assert any(n.startswith("_SmallHeadAttention") for n in _graph_names(logits))
+        F.cross_entropy(logits.flatten(0, 1), ids.flatten()).backward()
+        grads[checkpointing] = [p.grad for p in model.parameters()]
+    for a, b in zip(grads[False], grads[True], strict=True):
+        torch.testing.assert_close(a, b)
