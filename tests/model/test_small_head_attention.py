@@ -4,6 +4,7 @@ it was measured to be faster."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -48,6 +49,7 @@ CASES = {
     "padding": dict(hkv=3, tq=16, tk=16, causal=False, mask="padding"),
     "per-head bias": dict(hkv=3, tq=16, tk=16, causal=False, mask="alibi"),
     "gqa causal": dict(hkv=1, tq=16, tk=16, causal=True, mask=None),
+    "causal, fewer queries than keys": dict(hkv=3, tq=8, tk=16, causal=True, mask=None),
     "decode step (past keys)": dict(hkv=3, tq=1, tk=9, causal=False, mask="padding"),
 }
 
@@ -142,3 +144,25 @@ def test_activation_checkpointing_recomputes_it_to_the_same_gradients(one_thread
         grads[checkpointing] = [p.grad for p in model.parameters()]
     for a, b in zip(grads[False], grads[True], strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_compiled_model_keeps_sdpa_on_one_thread(one_thread: None) -> None:
+    """Under torch.compile (here with one compiled block for every layer, which failed to trace
+    while the path's thread test ran inside it) inductor gets SDPA to fuse, not this path."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    cfg = ModelConfig(arch="decoder", vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3)
+    model = Transformer(cfg)
+    model.set_block_regions(True)
+    ids = torch.randint(0, 50, (2, 32), generator=torch.Generator().manual_seed(3))
+    code: list[str] = []
+
+    def capture(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        code.append(gm.print_readable(print_output=False))  # the block's subgraph included
+        return lookup_backend("aot_eager")(gm, inputs)
+
+    logits = torch.compile(model, backend=capture, fullgraph=True)(ids)
+    logits.float().sum().backward()
+    assert len(code) == 1 and "scaled_dot_product_attention" in code[0]
+    assert "SmallHeadAttention" not in code[0]
+    assert all(p.grad is not None for p in model.parameters())

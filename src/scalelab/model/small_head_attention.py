@@ -28,18 +28,19 @@ ENABLED = True  # tests and benchmarks compare against SDPA by turning it off
 def applies(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
     """Whether this path is used: a training forward (its backward is the gain) in plain fp32 on
     one CPU thread (with more, flash parallelizes better), small heads, no dropout, not compiling
-    (inductor makes its own kernel from SDPA)."""
-    return (ENABLED and q.device.type == "cpu" and q.dtype == torch.float32 and q.requires_grad
-            and torch.is_grad_enabled() and q.shape[-1] <= MAX_HEAD_DIM and k.shape[-2] <= MAX_SEQ
-            and dropout_p == 0.0 and torch.get_num_threads() == 1
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+    (inductor makes its own kernel from SDPA; tested first, since Dynamo cannot trace
+    torch.get_num_threads inside a compiled block region)."""
+    return (ENABLED and not torch.compiler.is_compiling() and q.device.type == "cpu"
+            and q.dtype == torch.float32 and q.requires_grad and torch.is_grad_enabled()
+            and q.shape[-1] <= MAX_HEAD_DIM and k.shape[-2] <= MAX_SEQ and dropout_p == 0.0
+            and torch.get_num_threads() == 1 and not torch.is_autocast_enabled("cpu"))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               is_causal: bool, scale: float | None) -> torch.Tensor:
     """SDPA's result for q [B, H, Tq, hd] and k, v [B, Hkv, Tk, hd] (Hkv divides H, as SDPA's
-    enable_gqa), an additive float mask broadcastable to [B, H, Tq, Tk], or is_causal with
-    Tq == Tk. Returns [B, H, Tq, hd] (a strided view)."""
+    enable_gqa), an additive float mask broadcastable to [B, H, Tq, Tk], or is_causal (aligned
+    top-left, as SDPA's). Returns [B, H, Tq, hd] (a strided view)."""
     b, h, tq, hd = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     if hkv != h:  # query head i reads K/V head i // (h / hkv), as SDPA's enable_gqa
@@ -47,21 +48,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if mask is not None:
         mask = mask.expand(b, h, tq, tk).reshape(b * h, tq, tk)
     elif is_causal:
-        mask = _causal_mask(tq, q.dtype, q.device)
+        mask = _causal_mask(tq, tk, q.dtype, q.device)
     y = _SmallHeadAttention.apply(q.reshape(b * h, tq, hd), k.reshape(b * h, tk, hd),
                                   v.reshape(b * h, tk, hd), mask,
                                   hd ** -0.5 if scale is None else scale)
     return y.view(b, h, tq, hd)
 
 
-_CAUSAL: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+_CAUSAL: dict[tuple[int, int, torch.dtype, torch.device], torch.Tensor] = {}
 
 
-def _causal_mask(t: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[t, t]: 0 on and below the diagonal, -inf above (every row keeps its own position)."""
-    key = (t, dtype, device)
+def _causal_mask(tq: int, tk: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[tq, tk]: 0 on and below the diagonal, -inf above (query i sees keys 0..i, so every
+    row keeps at least one key)."""
+    key = (tq, tk, dtype, device)
     if key not in _CAUSAL:
-        _CAUSAL[key] = torch.full((t, t), float("-inf"), dtype=dtype, device=device).triu(1)
+        _CAUSAL[key] = torch.full((tq, tk), float("-inf"), dtype=dtype, device=device).triu(1)
     return _CAUSAL[key]
 
 
