@@ -69,12 +69,12 @@ class _Attention(nn.Module):
                 ctx: AttnContext) -> torch.Tensor:
         mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
         dropout = self.dropout if self.training else 0.0
+        causal = ctx.is_causal and mask is None
         if small_head_attention.applies(q, k, dropout):  # CPU training, head_dim <= 8
-            y = small_head_attention.attention(q, k, v, mask, ctx.is_causal and mask is None,
-                                               self.scale)
+            y = small_head_attention.attention(q, k, v, mask, causal, self.scale)
         else:
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=ctx.is_causal and mask is None,
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
                 enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)
         b, _, t, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
