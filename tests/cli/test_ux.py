@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,13 +140,39 @@ def test_resuming_a_finished_run_logs_nothing_twice(tmp_path: Path, train_cli) -
     assert float(run.data.tags["final.steps"]) == 16
 
 
+# scalelab-train, counting the tracking processes it starts and naming the one it kept at exit
+COUNTED = """
+import sys
+import scalelab.tracking.process as tracking
+made = []
+start = tracking.TrackingProcess.__init__
+def counted(self, *args, **kwargs):
+    made.append(1)
+    start(self, *args, **kwargs)
+tracking.TrackingProcess.__init__ = counted
+from scalelab.cli.train import main
+sys.argv[0] = "scalelab-train"
+try:
+    main()
+finally:
+    print("TRACKING", len(made), *[p.proc.pid for p in tracking._KEPT], flush=True)
+"""
+
+
 @pytest.mark.slow
 def test_multirun_jobs_are_numbered_under_a_parent(tmp_path: Path, train_cli) -> None:
     from mlflow.tracking import MlflowClient
+    from tests.tracking.test_process import _wait_exit
 
-    r = train_cli.run("-m", "model.n_layers=1,2", *TINY[1:], *train_cli.isolated(tmp_path),
-                      "train.max_steps=3", f"hydra.sweep.dir={tmp_path / 'mr'}", timeout=600)
+    r = subprocess.run([sys.executable, "-c", COUNTED, "-m", "model.n_layers=1,2", *TINY[1:],
+                        *train_cli.isolated(tmp_path), "train.max_steps=3",
+                        f"hydra.sweep.dir={tmp_path / 'mr'}"], cwd=train_cli.repo,
+                       env=train_cli.env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # the second job used the tracking process the first one kept; it exited with the multirun
+    count, kept_pid = next(ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("TRACKING"))
+    assert count == "1"
+    _wait_exit(int(kept_pid))
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
     runs = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])
     parents = [x for x in runs if "mlflow.parentRunId" not in x.data.tags]
@@ -154,11 +182,12 @@ def test_multirun_jobs_are_numbered_under_a_parent(tmp_path: Path, train_cli) ->
     assert {k.data.tags["mlflow.parentRunId"] for k in kids} == {parents[0].info.run_id}
     assert "model.n_layers=2" in kids[1].data.tags["scalelab.overrides"]
     assert parents[0].info.status == "FINISHED"
+    for kid, n_layers in zip(kids, ("1", "2"), strict=True):  # each job's own params and values
+        assert kid.info.status == "FINISHED" and kid.data.params["n_layers"] == n_layers
+        assert len(client.get_metric_history(kid.info.run_id, "val/loss")) == 1
 
 
 def test_git_tags_come_from_the_source_tree_not_the_output_root(tmp_path: Path) -> None:
-    import subprocess
-
     from scalelab.tracking.meta import run_tags
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,

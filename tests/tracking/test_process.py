@@ -198,3 +198,89 @@ def test_a_killed_tracking_process_fails_the_run_in_one_line(tmp_path: Path, sha
                       "SIGKILL"], out[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "FAILED"
     assert MlflowClient(uri).get_run(run_id).info.status == "FAILED"  # recorded all the same
+
+
+# --- a multirun's jobs share one tracking process ---------------------------------------------
+def _job(uri: str, name: str, x: float, fail: bool = False) -> tuple[TrackingProcess, str]:
+    """One multirun job's tracking: a run that logs ``x`` and ends FINISHED, or FAILED."""
+    with TrackingProcess.for_run(uri, keep_for_next=True) as process:
+        tracker = RemoteTracker.start(process, tracking_uri=uri, experiment_name="unit",
+                                      run_name=name, tags={})
+        try:
+            with tracker.status_guard():
+                tracker.log_metrics({"x": x}, step=1)
+                if fail:
+                    raise ValueError("the job fails")
+        except ValueError:
+            pass
+    return process, tracker.run_id
+
+
+def test_a_kept_process_serves_the_next_run_and_only_an_ended_one_is_kept(tmp_path: Path) -> None:
+    uri = sqlite_store(tmp_path / "mlruns.db")
+    client = MlflowClient(uri)
+    first, finished = _job(uri, "first", 1.0)
+    assert first.proc.poll() is None  # kept, alive
+    second, failed = _job(uri, "second", 2.0, fail=True)
+    assert second is first and first.proc.poll() is None  # a failed run ended too: kept again
+    for run_id, status, x in ((finished, "FINISHED", 1.0), (failed, "FAILED", 2.0)):
+        run = client.get_run(run_id)
+        assert run.info.status == status and run.data.metrics == {"x": x}
+
+    # a run left open is never handed on: the process closes, the run stays RUNNING
+    with TrackingProcess.for_run(uri, keep_for_next=True) as again:
+        assert again is first
+        open_run = RemoteTracker.start(again, tracking_uri=uri, experiment_name="unit",
+                                       run_name="open", tags={})
+    assert again.proc.returncode == 0
+    assert client.get_run(open_run.run_id).info.status == "RUNNING"
+    with TrackingProcess.for_run(uri, keep_for_next=True) as fresh:
+        assert fresh is not first
+    # another store gets its own process, and the kept one is closed
+    other = sqlite_store(tmp_path / "other.db")
+    with TrackingProcess.for_run(other) as single:
+        assert single is not fresh and single.tracking_uri == other
+    assert fresh.proc.returncode is not None and single.proc.returncode is not None
+
+
+def test_a_process_refuses_a_second_run_while_one_is_open(tmp_path: Path) -> None:
+    uri = sqlite_store(tmp_path / "mlruns.db")
+    tracker = _start(uri, tmp_path)
+    with pytest.raises(RuntimeError, match=f"run {tracker.run_id} is still open"):
+        tracker.process.call("start", tracking_uri=uri, experiment_name="unit", run_name="2nd",
+                             tags={})
+    assert not tracker.process.reusable
+    tracker.end()
+    assert tracker.process.reusable
+    tracker.close()
+    assert not tracker.process.reusable
+
+
+KEPT = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+from scalelab.tracking.process import RemoteTracker, TrackingProcess
+uri = {uri!r}
+with TrackingProcess.for_run(uri, keep_for_next=True) as process:
+    tracker = RemoteTracker.start(process, tracking_uri=uri, experiment_name="unit", run_name="k",
+                                  tags={{}})
+    tracker.end()
+print(process.proc.pid, flush=True)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_kept_process_exits_with_its_training_process(tmp_path: Path, how: str) -> None:
+    uri = sqlite_store(tmp_path / "mlruns.db")
+    script = textwrap.dedent(KEPT.format(repo=str(REPO / "src"), uri=uri))
+    proc = subprocess.Popen([sys.executable, "-c", script, how], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == (-signal.SIGKILL if how == "kill" else 0)
+    _wait_exit(int(out.split()[0]))  # closed at exit, or saw its pipe close: nothing left behind

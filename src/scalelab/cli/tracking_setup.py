@@ -21,14 +21,24 @@ from scalelab.model import ModelConfig
 def spawn_tracking(spec: RunSpec, rank0: bool) -> Any:
     """A context holding the run's TrackingProcess (None without MLflow, off rank 0 or in a
     fast_dev_run), started now: it loads MLflow on another core while this process loads torch
-    and Lightning and prepares the data (why: scalelab/tracking/process.py)."""
+    and Lightning and prepares the data (why: scalelab/tracking/process.py). A multirun's
+    later jobs get the one its previous job kept."""
     if spec.logger.backend != "mlflow" or not rank0 or spec.fast_dev_run:
         return contextlib.nullcontext()
     from scalelab.tracking.process import TrackingProcess
     from scalelab.tracking.store import remote_env_defaults, resolve_tracking_uri
 
     remote_env_defaults()  # before the process starts: it inherits them
-    return TrackingProcess(resolve_tracking_uri(spec.logger.tracking_uri, Path(spec.paths.root)))
+    uri = resolve_tracking_uri(spec.logger.tracking_uri, Path(spec.paths.root))
+    return TrackingProcess.for_run(uri, keep_for_next=_in_multirun())
+
+
+def _in_multirun() -> bool:
+    """Whether this is a Hydra ``--multirun`` job (a sweep's point): more jobs may follow in
+    this process, and they reuse its tracking process."""
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def probe_tracking(spec: RunSpec, process: Any) -> None:

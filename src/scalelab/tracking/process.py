@@ -11,6 +11,11 @@ reach the console and train.log as before).
 The tracking process ignores SIGINT/SIGTERM/SIGUSR1/SIGHUP: a stop is the training process's to
 handle, and it records the status through it. When the training process dies without closing
 it (SIGKILL), it sees its pipe close, sends the metric values it held back, and exits.
+
+In a Hydra ``--multirun`` (a sweep's points), a job's tracking process outlives its run: once
+the run is ended it is kept for the next job of the same process and store, which would
+otherwise wait ~2 s for a new one to import mlflow (docs/performance.md, twenty-third session).
+It serves one run at a time; the process exits when this one does.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from scalelab.tracking.guard import StatusGuarded
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 30.0  # for the tracking process to exit once its pipe is closed
+# A finished multirun job's tracking process, kept for the next job (at most one).
+_KEPT: list[TrackingProcess] = []
 
 
 class TrackingError(RuntimeError):
@@ -47,8 +54,9 @@ class TrackingProcessGone(OSError):
 class TrackingProcess:
     """The tracking process of one run: started early, closed when the run is."""
 
-    def __init__(self, tracking_uri: str) -> None:
+    def __init__(self, tracking_uri: str, keep_for_next: bool = False) -> None:
         self.tracking_uri = tracking_uri
+        self.keep_for_next = keep_for_next  # leaving the context keeps it for the next run
         parent_read, child_write = os.pipe()
         child_read, parent_write = os.pipe()
         level = logging.getLogger().getEffectiveLevel()
@@ -62,13 +70,38 @@ class TrackingProcess:
         self._recv = Connection(parent_read, writable=False)
         self._owed = 0  # replies not read yet (a call interrupted by an exception)
         self._run_started = False
+        self._run_open = False  # a run started here and not ended yet
         atexit.register(self.close)
+
+    @classmethod
+    def for_run(cls, tracking_uri: str, keep_for_next: bool = False) -> TrackingProcess:
+        """The process a previous run of this process kept (alive, same store), else a new one."""
+        while _KEPT:
+            kept = _KEPT.pop()
+            if kept.tracking_uri == tracking_uri and kept.proc.poll() is None:
+                kept.keep_for_next = keep_for_next
+                return kept
+            kept.close()
+        return cls(tracking_uri, keep_for_next)
 
     def __enter__(self) -> TrackingProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Keep it for the next run when asked to and it holds no open run; else close it."""
+        if self.keep_for_next and self.reusable:
+            while _KEPT:
+                _KEPT.pop().close()
+            _KEPT.append(self)
+        else:
+            self.close()
+
+    @property
+    def reusable(self) -> bool:
+        """Alive, every reply read, and no run open in it (a run left open must see the pipe
+        close: the process then sends what it held back, and the run stays RUNNING)."""
+        return (not self._run_open and not self._owed and not self._send.closed
+                and self.proc.poll() is None)
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``op`` in the tracking process and return its result (or raise its error)."""
@@ -81,6 +114,8 @@ class TrackingProcess:
             self._run_started = self._run_started or op == "start"
             status, value, records = self._recv.recv()
             self._owed -= 1
+            if status == "ok" and op in ("start", "end"):
+                self._run_open = op == "start"
         except (OSError, EOFError):
             raise TrackingProcessGone(f"the MLflow tracking process (pid {self.proc.pid}) "
                                       f"{self._how_it_ended()}") from None

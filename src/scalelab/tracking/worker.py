@@ -1,4 +1,5 @@
-"""The tracking process: holds one run's Tracker for a training process (scalelab/tracking/process.py).
+"""The tracking process: holds a run's Tracker for a training process (scalelab/tracking/process.py),
+one run at a time (in a multirun, each job's in turn).
 
     python -m scalelab.tracking.worker READ_FD WRITE_FD LOG_LEVEL OWNER_PID TRACKING_URI
 
@@ -76,6 +77,8 @@ class Worker:
         from scalelab.tracking.run import Tracker
 
         if op == "start":
+            if self.tracker is not None and not self.tracker.ended:
+                raise RuntimeError(f"tracking process: run {self.tracker.run_id} is still open")
             self.tracker = t = Tracker.start(**kwargs, owner_pid=self.owner_pid)
             return {"run_id": t.run_id, "run_name": t.run_name, "experiment_id": t.experiment_id,
                     "tracking_uri": t.tracking_uri, "resumed": t.resumed,
