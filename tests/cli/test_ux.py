@@ -140,7 +140,8 @@ def test_resuming_a_finished_run_logs_nothing_twice(tmp_path: Path, train_cli) -
     assert float(run.data.tags["final.steps"]) == 16
 
 
-# scalelab-train, counting the tracking processes it starts and naming the one it kept at exit
+# scalelab-train, counting the tracking processes it starts, whether it imported mlflow itself,
+# and the tracking process it kept at exit
 COUNTED = """
 import sys
 import scalelab.tracking.process as tracking
@@ -155,7 +156,8 @@ sys.argv[0] = "scalelab-train"
 try:
     main()
 finally:
-    print("TRACKING", len(made), *[p.proc.pid for p in tracking._KEPT], flush=True)
+    print("TRACKING", len(made), "mlflow" in sys.modules, *[p.proc.pid for p in tracking._KEPT],
+          flush=True)
 """
 
 
@@ -169,9 +171,11 @@ def test_multirun_jobs_are_numbered_under_a_parent(tmp_path: Path, train_cli) ->
                         f"hydra.sweep.dir={tmp_path / 'mr'}"], cwd=train_cli.repo,
                        env=train_cli.env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # the second job used the tracking process the first one kept; it exited with the multirun
-    count, kept_pid = next(ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("TRACKING"))
-    assert count == "1"
+    # the second job used the tracking process the first one kept; it exited with the multirun.
+    # The parent run was made there too: mlflow stayed out of the training process.
+    count, mlflow_here, kept_pid = next(ln.split()[1:] for ln in r.stdout.splitlines()
+                                        if ln.startswith("TRACKING"))
+    assert (count, mlflow_here) == ("1", "False")
     _wait_exit(int(kept_pid))
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
     runs = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])

@@ -10,6 +10,8 @@ Scaling sweeps name their points themselves (``sweep_point`` overrides set ``run
 
 from __future__ import annotations
 
+from typing import Any
+
 from scalelab.config.spec import RunSpec
 
 # Overrides that say where or how a run is recorded, not what it trains.
@@ -72,8 +74,9 @@ def resolve(spec: RunSpec) -> tuple[str, dict[str, str]]:
     return name, tags
 
 
-def multirun_parent(spec: RunSpec, tracking_uri: str) -> str | None:
-    """The parent run of this ``--multirun`` job (None for single runs and scaling sweeps)."""
+def multirun_parent(spec: RunSpec, tracking: Any) -> str | None:
+    """The parent run of this ``--multirun`` job (None for single runs and scaling sweeps),
+    found or created by the run's tracking process, so that mlflow stays out of this one."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
@@ -84,7 +87,6 @@ def multirun_parent(spec: RunSpec, tracking_uri: str) -> str | None:
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return None
-    from scalelab.tracking.multirun import parent_run_id
-
-    return parent_run_id(tracking_uri, str(spec.logger.experiment_name), Path(hc.sweep.dir),
-                         f"{spec.run_name} (multirun)", spec.logger.artifact_root)
+    return tracking.call("multirun_parent", tracking.tracking_uri, str(spec.logger.experiment_name),
+                         Path(hc.sweep.dir), f"{spec.run_name} (multirun)",
+                         spec.logger.artifact_root)

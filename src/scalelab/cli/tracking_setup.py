@@ -72,7 +72,7 @@ def start_tracker(spec: RunSpec, process: Any, resume_run_id: str | None) -> Any
     tags.update({str(k): str(v) for k, v in spec.tags.items()})
     run_name, name_tags = naming.resolve(spec)  # experiment + overrides; <name>-<job> in a multirun
     tags.update(name_tags)
-    multirun_parent = None if resume_run_id else naming.multirun_parent(spec, uri)
+    multirun_parent = None if resume_run_id else naming.multirun_parent(spec, process)
     logger = spec.logger
     tracker = RemoteTracker.start(
         process, tracking_uri=uri, experiment_name=str(logger.experiment_name),

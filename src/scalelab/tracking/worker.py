@@ -83,6 +83,10 @@ class Worker:
             return {"run_id": t.run_id, "run_name": t.run_name, "experiment_id": t.experiment_id,
                     "tracking_uri": t.tracking_uri, "resumed": t.resumed,
                     "skip_until": t.skip_until}
+        if op == "multirun_parent":  # find or create a --multirun's parent run
+            from scalelab.tracking.multirun import parent_run_id
+
+            return parent_run_id(*args)
         if op == "set_multirun_parent":
             self.tracker.multirun_parent_id = args[0]
             return None
