@@ -63,13 +63,19 @@ PRESETS: dict[str, list[str]] = {
     "llama": ["+experiment=llama_tiny_pystdlib"],  # RoPE, RMSNorm, SwiGLU, GQA
     "encoder": ["+experiment=bert_mlm_small"],  # MLM
     "encdec": ["+experiment=reverse_seq2seq"],
-    # one point of `scalelab-sweep sweep=cpu_medium` (C4e10-N5k: 5k parameters, 6 x 64 tokens a
-    # step): a sweep's steps are this small, so fixed per-step work decides its wall time
+    # One point of `scalelab-sweep sweep=cpu_medium` as the sweep runs it: cpu_medium's
+    # train_overrides, then what scaling/launch.py's point_overrides sets for C4e10-N5k in the
+    # latest study (docs/img/cpu_medium_hs: d 12, 2 layers, 7 x 64 tokens a step, its tuned lr,
+    # 1,842 steps logged every 19, 4 validations of 2 batches, no progress bar, no best
+    # checkpoint). A sweep's steps are this small, so fixed per-step work decides its wall time.
     "sweep_point": ["model=gpt2_tiny", "data=pystdlib", "data.val_fraction=0.25", "tokenizer=char",
-                    "tokenizer.char_min_count=1000", "model.max_seq_len=64", "model.d_model=12",
-                    "model.n_layers=2", "model.n_heads=3", "train.global_batch_size=6",
-                    "optim.lr=0.02", "optim.warmup_steps=14", "optim.beta2=0.95",
-                    "callbacks.sample.enabled=false", "logger.log_checkpoint=false"],
+                    "tokenizer.char_min_count=1000", "model.max_seq_len=64",
+                    "callbacks.sample.enabled=false", "logger.log_checkpoint=false",
+                    "model.d_model=12", "model.n_layers=2", "model.n_heads=3",
+                    "train.global_batch_size=7", "optim.lr=0.020447", "optim.warmup_steps=12",
+                    "optim.beta2=0.95", "optim.min_lr_ratio=0.1", "train.max_steps=1842",
+                    "train.val_every=460", "train.val_batches=2", "trainer.log_every_n_steps=19",
+                    "trainer.enable_progress_bar=false", "callbacks.checkpoint.save_best=false"],
 }
 # Threads a preset runs with where not the bench's rule for one process: a sweep gives each of
 # its parallel points cores/jobs threads, which is 1 for the CPU sweep presets (a job a core).
