@@ -52,7 +52,8 @@ class TrackingProcessGone(OSError):
 
 
 class TrackingProcess:
-    """The tracking process of one run: started early, closed when the run is."""
+    """The tracking process of a run (in a multirun, of each job's run in turn): started early,
+    closed when the run is, or kept for the next job."""
 
     def __init__(self, tracking_uri: str, keep_for_next: bool = False) -> None:
         self.tracking_uri = tracking_uri
