@@ -74,19 +74,24 @@ def resolve(spec: RunSpec) -> tuple[str, dict[str, str]]:
     return name, tags
 
 
+def in_multirun() -> bool:
+    """Whether this is a Hydra ``--multirun`` job (every scaling-sweep point is one)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def multirun_parent(spec: RunSpec, tracking: Any) -> str | None:
     """The parent run of this ``--multirun`` job (None for single runs and scaling sweeps),
     found or created by the run's tracking process, so that mlflow stays out of this one."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
-    if spec.logger.parent_run_id or not HydraConfig.initialized():
+    if spec.logger.parent_run_id or not in_multirun():
         return None
     hc = HydraConfig.get()
-    if hc.mode != RunMode.MULTIRUN:
-        return None
     return tracking.call("multirun_parent", tracking.tracking_uri, str(spec.logger.experiment_name),
                          Path(hc.sweep.dir), f"{spec.run_name} (multirun)",
                          spec.logger.artifact_root)

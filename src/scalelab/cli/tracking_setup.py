@@ -29,16 +29,11 @@ def spawn_tracking(spec: RunSpec, rank0: bool) -> Any:
     from scalelab.tracking.store import remote_env_defaults, resolve_tracking_uri
 
     remote_env_defaults()  # before the process starts: it inherits them
+    from scalelab.cli.naming import in_multirun
+
     uri = resolve_tracking_uri(spec.logger.tracking_uri, Path(spec.paths.root))
-    return TrackingProcess.for_run(uri, keep_for_next=_in_multirun())
-
-
-def _in_multirun() -> bool:
-    """Whether this is a Hydra ``--multirun`` job (a sweep's point): more jobs may follow in
-    this process, and they reuse its tracking process."""
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    # in a multirun more jobs may follow in this process: they reuse its tracking process
+    return TrackingProcess.for_run(uri, keep_for_next=in_multirun())
 
 
 def probe_tracking(spec: RunSpec, process: Any) -> None:
