@@ -32,9 +32,11 @@ from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
 from scalelab.training.flat_params import FlatAdamW, fits_one_tensor
+from scalelab.training.lean_optimization import lean_automatic_optimization
 from scalelab.training.lightning_fixes import (
     skip_empty_module_hooks,
     skip_inherited_callback_hooks,
+    skip_noop_batch_transfer,
     skip_noop_result_moves,
     skip_unchanged_step_metrics,
 )
@@ -125,6 +127,8 @@ class LMModule(pl.LightningModule):
         skip_inherited_callback_hooks()  # 48 callback calls a step, 4 of them with code
         skip_unchanged_step_metrics()  # a gather and two .item() a step, for values unchanged
         skip_empty_module_hooks()  # ~12 module/strategy hooks a step, half of them empty
+        lean_automatic_optimization()  # five layers that pass each optimizer step along
+        skip_noop_batch_transfer()  # four hook lookups and a new dict for a batch already there
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg

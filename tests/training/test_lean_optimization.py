@@ -1,0 +1,174 @@
+"""One batch's automatic optimization without Lightning's pass-along layers, and a CPU batch
+handed on without a transfer: the same hooks in the same order with the same
+``_current_fx_name``, the same progress counters, logged values and weights as Lightning's own
+path, which every other set-up still takes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.core.optimizer import LightningOptimizer
+from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
+from pytorch_lightning.profilers import SimpleProfiler
+
+from scalelab.training.lean_optimization import lean_automatic_optimization
+from scalelab.training.lightning_fixes import skip_noop_batch_transfer
+
+from .conftest import cpu_trainer
+from .test_callbacks import loader, tiny_module
+from .test_lightning_fixes import HOOKS, Recorder
+from .test_step_logging import ListLogger
+
+STEPS = 6
+# module hooks a step may call, traced on the instance (optimizer_step is not: overriding it
+# sends the step down Lightning's path)
+TRACED = ("training_step", "on_train_batch_start", "on_before_zero_grad", "optimizer_zero_grad",
+          "on_before_backward", "backward", "on_after_backward", "on_before_optimizer_step",
+          "configure_gradient_clipping", "lr_scheduler_step", "on_train_batch_end")
+
+
+def _trace_module(module: pl.LightningModule, seen: list[tuple[str, str, str | None]]) -> None:
+    for hook in TRACED:
+        def traced(*a: Any, _hook: str = hook, **k: Any) -> Any:
+            seen.append(("module", _hook, module._current_fx_name))
+            return getattr(type(module), _hook)(module, *a, **k)
+        setattr(module, hook, traced)
+
+
+def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, **trainer_kw: Any) -> dict[str, Any]:
+    """A short fit with every callback hook and the module's step hooks traced; ``lean`` picks
+    scalelab's path or Lightning's for both shortcuts."""
+    lean_automatic_optimization()
+    skip_noop_batch_transfer()
+    seen: list[tuple[str, str, str | None]] = []
+    torch.manual_seed(0)
+    module = tiny_module(STEPS)
+    _trace_module(module, seen)
+    if skip_batch is not None:  # training_step returns None on one batch: no backward then
+        step = module.training_step
+        # Lightning passes batch_idx to a training_step with a parameter of that name
+        module.training_step = lambda b, batch_idx: None if batch_idx == skip_batch else step(b, batch_idx)  # type: ignore[method-assign]
+    logger = ListLogger()
+    trainer = cpu_trainer(STEPS, tmp_path, callbacks=[Recorder(seen)], logger=logger, val_check_interval=3,
+                          limit_val_batches=1, gradient_clip_val=0.05, **trainer_kw)
+    fast_run = _AutomaticOptimization.run
+    fast_transfer = pl.LightningModule._apply_batch_transfer_handler
+    steps: list[int] = []
+    original_step = LightningOptimizer.step
+
+    def counted_step(self: LightningOptimizer, *a: Any, **k: Any) -> Any:
+        steps.append(1)
+        return original_step(self, *a, **k)
+
+    if not lean:
+        _AutomaticOptimization.run = fast_run.__wrapped__  # type: ignore[method-assign]
+        pl.LightningModule._apply_batch_transfer_handler = fast_transfer.__wrapped__  # type: ignore[method-assign]
+    LightningOptimizer.step = counted_step  # type: ignore[method-assign]
+    try:
+        trainer.fit(module, loader(STEPS * 2, 2), loader(2, 2))
+    finally:
+        _AutomaticOptimization.run = fast_run  # type: ignore[method-assign]
+        pl.LightningModule._apply_batch_transfer_handler = fast_transfer  # type: ignore[method-assign]
+        LightningOptimizer.step = original_step  # type: ignore[method-assign]
+    return {"seen": seen, "loop": trainer.fit_loop.state_dict(), "rows": logger.rows,
+            "weights": {k: v.clone() for k, v in module.state_dict().items()},
+            "lightning_optimizer_steps": len(steps), "global_step": trainer.global_step}
+
+
+def _same_run(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["seen"] == b["seen"]
+    assert a["loop"] == b["loop"]
+    assert a["rows"] == b["rows"]
+    assert a["global_step"] == b["global_step"] == STEPS
+    assert a["weights"].keys() == b["weights"].keys()
+    for k in a["weights"]:
+        assert torch.equal(a["weights"][k], b["weights"][k]), k
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_a_step_makes_lightnings_calls_and_ends_on_its_weights(tmp_path: Path, precision: str) -> None:
+    lean = _run(tmp_path / "lean", True, precision=precision)
+    lightning = _run(tmp_path / "lightning", False, precision=precision)
+    _same_run(lean, lightning)
+    assert lean["lightning_optimizer_steps"] == 0  # the layers were skipped
+    assert lightning["lightning_optimizer_steps"] == STEPS
+    hooks = {hook for _, hook, _ in lean["seen"]}
+    assert set(TRACED) <= hooks and {"on_before_backward", "on_before_optimizer_step"} <= hooks & set(HOOKS)
+    assert ("module", "backward", "backward") in lean["seen"]
+    assert ("module", "configure_gradient_clipping", "configure_gradient_clipping") in lean["seen"]
+
+
+def test_a_step_whose_training_step_returns_none_is_skipped_as_lightning_skips_it(tmp_path: Path) -> None:
+    lean = _run(tmp_path / "lean", True, skip_batch=2)
+    lightning = _run(tmp_path / "lightning", False, skip_batch=2)
+    _same_run(lean, lightning)
+    assert sum(hook == "backward" for _, hook, _ in lean["seen"]) == STEPS - 1
+
+
+@pytest.mark.parametrize("kw", [{"accumulate_grad_batches": 2}, {"profiler": "simple"}], ids=["accumulation", "profiler"])
+def test_other_set_ups_take_lightnings_path(tmp_path: Path, kw: dict[str, Any]) -> None:
+    if kw.get("profiler"):
+        kw = {"profiler": SimpleProfiler()}
+    run = _run(tmp_path, True, **kw)
+    assert run["lightning_optimizer_steps"] == STEPS
+
+
+def test_an_overridden_optimizer_step_is_called(tmp_path: Path) -> None:
+    lean_automatic_optimization()
+    module, calls = tiny_module(2), []
+
+    def optimizer_step(*a: Any, **k: Any) -> None:
+        calls.append(1)
+        pl.LightningModule.optimizer_step(module, *a, **k)
+
+    module.optimizer_step = optimizer_step  # type: ignore[method-assign]
+    cpu_trainer(2, tmp_path, limit_val_batches=0).fit(module, loader(4, 2))
+    assert len(calls) == 2
+
+
+def test_a_cpu_batch_reaches_the_step_as_the_loader_made_it(tmp_path: Path) -> None:
+    skip_noop_batch_transfer()
+    made: list[Any] = []
+    got: list[Any] = []
+
+    class Loader(torch.utils.data.DataLoader):
+        def __iter__(self) -> Any:
+            for b in super().__iter__():
+                made.append(b)
+                yield b
+
+    module = tiny_module(2)
+    step = module.training_step
+    module.training_step = lambda b, batch_idx: (got.append(b), step(b, batch_idx))[1]  # type: ignore[method-assign]
+    source = loader(4, 2)
+    cpu_trainer(2, tmp_path, limit_val_batches=0).fit(module, Loader(source.dataset, batch_size=2))
+    assert len(got) == 2 and all(g is m for g, m in zip(got, made, strict=False))
+
+
+@pytest.mark.parametrize("owner", ["module", "datamodule"])
+def test_a_transfer_hook_someone_overrides_is_called(tmp_path: Path, owner: str) -> None:
+    skip_noop_batch_transfer()
+    calls: list[str] = []
+
+    class Data(pl.LightningDataModule):
+        def train_dataloader(self) -> Any:
+            return loader(4, 2)
+
+    module, data = tiny_module(2), Data()
+    target = module if owner == "module" else data
+    target.on_after_batch_transfer = lambda b, i: (calls.append(owner), b)[1]  # type: ignore[method-assign]
+    cpu_trainer(2, tmp_path, limit_val_batches=0).fit(module, datamodule=data)
+    assert calls == [owner, owner]
+
+
+def test_applying_the_shortcuts_twice_wraps_once() -> None:
+    lean_automatic_optimization()
+    skip_noop_batch_transfer()
+    first = _AutomaticOptimization.run, pl.LightningModule._apply_batch_transfer_handler
+    lean_automatic_optimization()
+    skip_noop_batch_transfer()
+    assert (_AutomaticOptimization.run, pl.LightningModule._apply_batch_transfer_handler) == first
