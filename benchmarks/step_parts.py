@@ -10,7 +10,8 @@ presets included; Hydra overrides go on top.
 
 ``--ab-fixes`` instead turns scalelab's per-step shortcuts (training/lightning_fixes.py,
 ``LMModule.__setattr__`` and model/small_head_attention.py; with ``--only NAME`` the one named:
-callbacks, setattr, metrics, module_hooks or small_heads) off and on in blocks of ``--block`` steps
+callbacks, setattr, metrics, module_hooks, small_heads, lean_optimization
+or batch_transfer) off and on in blocks of ``--block`` steps
 (A B B A ...), in the same run, and prints the median step of each: the host's drift hits both
 alike, which separate runs on a shared machine cannot promise.
 
@@ -123,12 +124,15 @@ def _report_syncs(args: argparse.Namespace, by_step: Counter, where: Counter, lo
     return 1 if others else 0
 
 
-FIXES = ("callbacks", "setattr", "metrics", "module_hooks", "small_heads")
+FIXES = ("callbacks", "setattr", "metrics", "module_hooks", "small_heads", "lean_optimization",
+         "batch_transfer")
 
 
 def _fix_switch(which: str) -> Any:
     """set(on): scalelab's per-step shortcuts (``which``: one of FIXES, or all) on or off
     (Lightning's originals)."""
+    from pytorch_lightning import LightningModule
+    from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
     from pytorch_lightning.trainer import call
     from pytorch_lightning.trainer.connectors.logger_connector.logger_connector import (
         _LoggerConnector,
@@ -136,9 +140,11 @@ def _fix_switch(which: str) -> Any:
     from torch import nn
 
     from scalelab.model import small_head_attention
+    from scalelab.training.lean_optimization import lean_automatic_optimization
     from scalelab.training.lightning_fixes import (
         skip_empty_module_hooks,
         skip_inherited_callback_hooks,
+        skip_noop_batch_transfer,
         skip_unchanged_step_metrics,
     )
     from scalelab.training.modules import LMModule
@@ -146,6 +152,9 @@ def _fix_switch(which: str) -> Any:
     skip_inherited_callback_hooks()
     skip_unchanged_step_metrics()
     skip_empty_module_hooks()
+    lean_automatic_optimization()
+    skip_noop_batch_transfer()
+    fast_run, fast_transfer = _AutomaticOptimization.run, LightningModule._apply_batch_transfer_handler
     fast, fast_setattr, fast_end = call._call_callback_hooks, LMModule.__setattr__, _LoggerConnector.on_batch_end
     fast_module, fast_strategy = call._call_lightning_module_hook, call._call_strategy_hook
     switched = set(FIXES) if which == "all" else {which}
@@ -162,6 +171,11 @@ def _fix_switch(which: str) -> Any:
             call._call_strategy_hook = fast_strategy if on else fast_strategy.__wrapped__
         if "small_heads" in switched:
             small_head_attention.ENABLED = on  # else SDPA
+        if "lean_optimization" in switched:
+            _AutomaticOptimization.run = fast_run if on else fast_run.__wrapped__  # type: ignore[method-assign]
+        if "batch_transfer" in switched:
+            LightningModule._apply_batch_transfer_handler = (  # type: ignore[method-assign]
+                fast_transfer if on else fast_transfer.__wrapped__)
 
     return set_fixes
 
@@ -206,8 +220,9 @@ def _train_with_clock(args: argparse.Namespace, overrides: list[str], acc: Count
 
     pl.Trainer.__init__ = init_with_clock  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
-        sys.argv = [sys.argv[0], f"paths.output_dir={tmp}/run", "logger=none", f"train.max_steps={end + 2}",
-                    f"train.val_every={end + 2}", *{**PRESETS, **GPU_PRESETS}[args.preset], *overrides]
+        # after the preset, which may set its own length (sweep_point does)
+        sys.argv = [sys.argv[0], *{**PRESETS, **GPU_PRESETS}[args.preset], f"paths.output_dir={tmp}/run",
+                    "logger=none", f"train.max_steps={end + 2}", f"train.val_every={end + 2}", *overrides]
         try:
             T.main()
         except SystemExit as e:
