@@ -78,6 +78,12 @@ class _BatchStream(IterableDataset):
         return self.n
 
 
+def _as_made(batch: Batch) -> Batch:
+    """The train stream's collate: its batches come whole (a dict of tensors). DataLoader's own
+    for ``batch_size=None`` (``default_convert``) copies each dict around the same tensors."""
+    return batch
+
+
 class _ListDataset(Dataset):
     def __init__(self, items: list[Any]):
         self.items = items
@@ -122,11 +128,12 @@ class _StreamDataModule(pl.LightningDataModule):
         n = self.epoch_batches or self._default_epoch_batches(world)
         if self.pinned:
             self._train_ds = _BatchStream(self._train_maker(rank), self.pinned, 0)
-            return DataLoader(self._train_ds, batch_size=None, num_workers=self.num_workers)
+            return DataLoader(self._train_ds, batch_size=None, collate_fn=_as_made, num_workers=self.num_workers)
         self._train_ds = _BatchStream(self._train_maker(rank), max(1, int(n)), self.consumed)
         return DataLoader(
             self._train_ds,
             batch_size=None,
+            collate_fn=_as_made,
             num_workers=self.num_workers,
             persistent_workers=False,  # workers must pick up the new start each epoch
         )
