@@ -10,8 +10,8 @@ presets included; Hydra overrides go on top.
 
 ``--ab-fixes`` instead turns scalelab's per-step shortcuts (training/lightning_fixes.py,
 ``LMModule.__setattr__`` and model/small_head_attention.py; with ``--only NAME`` the one named:
-callbacks, setattr, metrics, module_hooks, small_heads, lean_optimization
-or batch_transfer) off and on in blocks of ``--block`` steps
+callbacks, setattr, metrics, module_hooks, small_heads, lean_optimization,
+batch_transfer or batch_idx) off and on in blocks of ``--block`` steps
 (A B B A ...), in the same run, and prints the median step of each: the host's drift hits both
 alike, which separate runs on a shared machine cannot promise.
 
@@ -125,7 +125,7 @@ def _report_syncs(args: argparse.Namespace, by_step: Counter, where: Counter, lo
 
 
 FIXES = ("callbacks", "setattr", "metrics", "module_hooks", "small_heads", "lean_optimization",
-         "batch_transfer")
+         "batch_transfer", "batch_idx")
 
 
 def _fix_switch(which: str) -> Any:
@@ -133,6 +133,7 @@ def _fix_switch(which: str) -> Any:
     (Lightning's originals)."""
     from pytorch_lightning import LightningModule
     from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
+    from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
     from pytorch_lightning.trainer import call
     from pytorch_lightning.trainer.connectors.logger_connector.logger_connector import (
         _LoggerConnector,
@@ -142,6 +143,7 @@ def _fix_switch(which: str) -> Any:
     from scalelab.model import small_head_attention
     from scalelab.training.lean_optimization import lean_automatic_optimization
     from scalelab.training.lightning_fixes import (
+        remember_batch_idx_parameter,
         skip_empty_module_hooks,
         skip_inherited_callback_hooks,
         skip_noop_batch_transfer,
@@ -154,7 +156,9 @@ def _fix_switch(which: str) -> Any:
     skip_empty_module_hooks()
     lean_automatic_optimization()
     skip_noop_batch_transfer()
+    remember_batch_idx_parameter()
     fast_run, fast_transfer = _AutomaticOptimization.run, LightningModule._apply_batch_transfer_handler
+    fast_kwargs = _TrainingEpochLoop._build_kwargs
     fast, fast_setattr, fast_end = call._call_callback_hooks, LMModule.__setattr__, _LoggerConnector.on_batch_end
     fast_module, fast_strategy = call._call_lightning_module_hook, call._call_strategy_hook
     switched = set(FIXES) if which == "all" else {which}
@@ -176,6 +180,8 @@ def _fix_switch(which: str) -> Any:
         if "batch_transfer" in switched:
             LightningModule._apply_batch_transfer_handler = (  # type: ignore[method-assign]
                 fast_transfer if on else fast_transfer.__wrapped__)
+        if "batch_idx" in switched:
+            _TrainingEpochLoop._build_kwargs = fast_kwargs if on else fast_kwargs.__wrapped__  # type: ignore[method-assign]
 
     return set_fixes
 

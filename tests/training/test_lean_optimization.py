@@ -16,7 +16,7 @@ from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimizatio
 from pytorch_lightning.profilers import SimpleProfiler
 
 from scalelab.training.lean_optimization import lean_automatic_optimization
-from scalelab.training.lightning_fixes import skip_noop_batch_transfer
+from scalelab.training.lightning_fixes import remember_batch_idx_parameter, skip_noop_batch_transfer
 
 from .conftest import cpu_trainer
 from .test_callbacks import loader, tiny_module
@@ -172,3 +172,36 @@ def test_applying_the_shortcuts_twice_wraps_once() -> None:
     lean_automatic_optimization()
     skip_noop_batch_transfer()
     assert (_AutomaticOptimization.run, pl.LightningModule._apply_batch_transfer_handler) == first
+
+
+@pytest.mark.parametrize("takes_batch_idx", [True, False])
+def test_batch_idx_is_passed_as_the_training_step_asks(tmp_path: Path, takes_batch_idx: bool) -> None:
+    remember_batch_idx_parameter()
+    module, got = tiny_module(3), []
+    step = module.training_step
+    if takes_batch_idx:
+        module.training_step = lambda batch, batch_idx: (got.append(batch_idx), step(batch, batch_idx))[1]  # type: ignore[method-assign]
+    else:
+        module.training_step = lambda batch: (got.append(None), step(batch, 0))[1]  # type: ignore[method-assign]
+    trainer = cpu_trainer(2, tmp_path, limit_val_batches=0)
+    trainer.fit(module, loader(4, 2))
+    assert got == ([0, 1] if takes_batch_idx else [None, None])
+    # the same module with another training_step: asked again
+    module.training_step = lambda batch: (got.append("again"), step(batch, 0))[1]  # type: ignore[method-assign]
+    cpu_trainer(3, tmp_path / "b", limit_val_batches=0).fit(module, loader(6, 2))
+    assert got[-1] == "again"
+
+
+def test_the_train_stream_hands_on_its_batches_as_made(shakespeare_char: Any) -> None:
+    """No copy of each batch dict between the stream and the step (DataLoader's default collate
+    for ``batch_size=None`` made one)."""
+    from scalelab.data.datamodules import CausalLMDataModule
+
+    dm = CausalLMDataModule(shakespeare_char, block_size=16, batch_size=3, seed=1)
+    dm.setup("fit")
+    batches = dm.train_dataloader()
+    made: dict[int, Any] = {}
+    make = dm._train_ds.make
+    dm._train_ds.make = lambda k: made.setdefault(k, make(k))
+    got = [b for _, b in zip(range(3), batches, strict=False)]
+    assert len(made) >= 3 and all(b is made[k] for k, b in enumerate(got))

@@ -205,18 +205,6 @@ def test_the_modules_step_counters_stay_plain_attributes() -> None:
     assert module._current_fx_name == "training_step"
 
 
-def test_the_stored_training_step_signature_is_the_real_one() -> None:
-    """Lightning asks for it every step; the stored copy must say what the function takes."""
-    from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
-
-    from scalelab.training.modules import LMModule
-
-    code = LMModule.training_step.__code__
-    stored = LMModule.training_step.__signature__
-    assert list(stored.parameters) == list(code.co_varnames[: code.co_argcount])
-    assert is_param_in_hook_signature(tiny_module(1).training_step, "batch_idx", min_args=2)
-
-
 # --- the per-batch metric gather: only when something changed since the last one -----------
 Dicts = tuple[dict[str, float], ...]
 

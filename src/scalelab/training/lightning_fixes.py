@@ -32,6 +32,8 @@
    (four ``is_overridden`` lookups), calls Lightning's defaults through its hook calls, and
    rebuilds the batch dict around the same tensors when they are on the device already, as every
    CPU batch is.
+6. ``remember_batch_idx_parameter``: before every batch Lightning reads ``training_step``'s
+   signature again (``inspect.getfullargspec``) to decide whether to pass ``batch_idx``.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ from __future__ import annotations
 import dis
 import functools
 import logging
+import weakref
 from typing import Any
 
 import torch
 from pytorch_lightning import Callback, LightningDataModule, LightningModule
+from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.profilers import PassThroughProfiler
 from pytorch_lightning.trainer import call
 from pytorch_lightning.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
@@ -50,6 +54,7 @@ from pytorch_lightning.trainer.connectors.logger_connector.result import (
     _ResultCollection,
     _ResultMetric,
 )
+from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 
 _MARK = "_scalelab_fix_applied"
 log = logging.getLogger(call.__name__)  # the logger Lightning's own hook calls write to
@@ -282,3 +287,32 @@ def skip_noop_batch_transfer() -> None:
 
     setattr(apply, _MARK, True)
     LightningModule._apply_batch_transfer_handler = apply  # type: ignore[method-assign]
+
+
+def remember_batch_idx_parameter() -> None:
+    """Make Lightning's training loop read whether ``training_step`` takes ``batch_idx`` once per
+    function rather than at every batch: the answer (Lightning's own test) is kept for as long
+    as the function lives. A callable that cannot be kept that way takes Lightning's path.
+    Idempotent."""
+    original = _TrainingEpochLoop._build_kwargs
+    if getattr(original, _MARK, False):
+        return
+    takes: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+    @functools.wraps(original)
+    def build_kwargs(self: _TrainingEpochLoop, kwargs: Any, batch: Any, batch_idx: int) -> Any:
+        step = self.trainer.lightning_module.training_step
+        key = getattr(step, "__func__", step)  # a bound method's answer is its function's
+        try:
+            known = takes.get(key)
+            if known is None:
+                known = takes[key] = is_param_in_hook_signature(step, "batch_idx", min_args=2)
+        except TypeError:  # not hashable or no weak reference
+            return original(self, kwargs, batch, batch_idx)
+        kwargs["batch"] = batch
+        if known:
+            kwargs["batch_idx"] = batch_idx
+        return kwargs
+
+    setattr(build_kwargs, _MARK, True)
+    _TrainingEpochLoop._build_kwargs = build_kwargs  # type: ignore[method-assign]

@@ -14,7 +14,6 @@ it (the data position that resumes from a checkpoint).
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import asdict, replace
 from typing import Any, ClassVar
@@ -34,6 +33,7 @@ from scalelab.training.config import OptimConfig
 from scalelab.training.flat_params import FlatAdamW, fits_one_tensor
 from scalelab.training.lean_optimization import lean_automatic_optimization
 from scalelab.training.lightning_fixes import (
+    remember_batch_idx_parameter,
     skip_empty_module_hooks,
     skip_inherited_callback_hooks,
     skip_noop_batch_transfer,
@@ -129,6 +129,7 @@ class LMModule(pl.LightningModule):
         skip_empty_module_hooks()  # ~12 module/strategy hooks a step, half of them empty
         lean_automatic_optimization()  # five layers that pass each optimizer step along
         skip_noop_batch_transfer()  # four hook lookups and a new dict for a batch already there
+        remember_batch_idx_parameter()  # training_step's signature, read at every batch
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
@@ -507,11 +508,6 @@ class LMModule(pl.LightningModule):
             splits = fused_splits(self.model)
             checkpoint["optimizer_states"] = [
                 fuse_optimizer_state(s, groups, splits) for s in checkpoint["optimizer_states"]]
-
-
-# Lightning reads training_step's signature at every step (inspect.getfullargspec, to decide
-# whether to pass batch_idx), from scratch each time; inspect returns a stored __signature__ as is.
-LMModule.training_step.__signature__ = inspect.signature(LMModule.training_step)  # type: ignore[attr-defined]
 
 
 class CausalLM(LMModule):
