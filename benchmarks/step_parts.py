@@ -9,16 +9,16 @@ bench's (default ``sweep_point``, where fixed per-step work is the largest share
 presets included; Hydra overrides go on top.
 
 ``--ab-fixes`` instead turns scalelab's per-step shortcuts (training/lightning_fixes.py,
-``LMModule.__setattr__`` and model/small_head_attention.py; with ``--only NAME`` the one named:
-callbacks, setattr, metrics, module_hooks, small_heads, lean_optimization,
-batch_transfer or batch_idx) off and on in blocks of ``--block`` steps
-(A B B A ...), in the same run, and prints the median step of each: the host's drift hits both
-alike, which separate runs on a shared machine cannot promise.
+training/lean_optimization.py, ``LMModule.__setattr__`` and model/small_head_attention.py) off
+and on in blocks of ``--block`` steps (A B B A ...), in the same run, and prints the median step
+of each: the host's drift hits both alike, which separate runs on a shared machine cannot
+promise. ``--only NAME[,NAME...]`` switches those named alone (the names are in ``FIXES``).
 
     python -m benchmarks.step_parts [--steps 2000] [--start 300] [hydra overrides ...]
     python -m benchmarks.step_parts --ab-fixes --steps 3000 train.num_threads=1
     python -m benchmarks.step_parts --ab-fixes --only metrics --steps 3000 train.num_threads=1
     python -m benchmarks.step_parts --ab-fixes --only small_heads --steps 3000 train.num_threads=1
+    python -m benchmarks.step_parts --ab-fixes --only lean_optimization,batch_transfer,batch_idx
     python -m benchmarks.step_parts --preset encoder --start 50 --steps 300
     python -m benchmarks.step_parts --syncs --steps 200 --start 100
 
@@ -128,6 +128,13 @@ FIXES = ("callbacks", "setattr", "metrics", "module_hooks", "small_heads", "lean
          "batch_transfer", "batch_idx")
 
 
+def _fix_names(value: str) -> str:
+    unknown = set(value.split(",")) - set(FIXES)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(sorted(unknown))}; choose from {', '.join(FIXES)}")
+    return value
+
+
 def _fix_switch(which: str) -> Any:
     """set(on): scalelab's per-step shortcuts (``which``: one of FIXES, or all) on or off
     (Lightning's originals)."""
@@ -161,7 +168,7 @@ def _fix_switch(which: str) -> Any:
     fast_kwargs = _TrainingEpochLoop._build_kwargs
     fast, fast_setattr, fast_end = call._call_callback_hooks, LMModule.__setattr__, _LoggerConnector.on_batch_end
     fast_module, fast_strategy = call._call_lightning_module_hook, call._call_strategy_hook
-    switched = set(FIXES) if which == "all" else {which}
+    switched = set(FIXES) if which == "all" else set(which.split(","))
 
     def set_fixes(on: bool) -> None:
         if "callbacks" in switched:
@@ -243,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=int, default=300)
     ap.add_argument("--preset", default="sweep_point")
     ap.add_argument("--ab-fixes", action="store_true")
-    ap.add_argument("--only", choices=FIXES, help="with --ab-fixes: switch this shortcut alone")
+    ap.add_argument("--only", type=_fix_names, help="with --ab-fixes: switch these shortcuts alone "
+                    f"(comma-separated, of {', '.join(FIXES)})")
     ap.add_argument("--syncs", action="store_true", help="count host syncs per step instead")
     ap.add_argument("--block", type=int, default=40)
     args, overrides = ap.parse_known_args(argv if argv is not None else sys.argv[1:])
