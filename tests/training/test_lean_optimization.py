@@ -14,6 +14,7 @@ import torch
 from pytorch_lightning.core.optimizer import LightningOptimizer
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.profilers import SimpleProfiler
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from scalelab.training.lean_optimization import lean_automatic_optimization
 from scalelab.training.lightning_fixes import remember_batch_idx_parameter, skip_noop_batch_transfer
@@ -39,7 +40,8 @@ def _trace_module(module: pl.LightningModule, seen: list[tuple[str, str, str | N
         setattr(module, hook, traced)
 
 
-def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, **trainer_kw: Any) -> dict[str, Any]:
+def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, optimizer: Any = None,
+         **trainer_kw: Any) -> dict[str, Any]:
     """A short fit with every callback hook and the module's step hooks traced; ``lean`` picks
     scalelab's path or Lightning's for both shortcuts."""
     lean_automatic_optimization()
@@ -48,12 +50,20 @@ def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, **trainer_kw
     torch.manual_seed(0)
     module = tiny_module(STEPS)
     _trace_module(module, seen)
+    if optimizer is not None:  # one built from the module's parameters, and no lr schedule
+        module.configure_optimizers = lambda: optimizer(module.parameters())  # type: ignore[method-assign]
     if skip_batch is not None:  # training_step returns None on one batch: no backward then
         step = module.training_step
         # Lightning passes batch_idx to a training_step with a parameter of that name
         module.training_step = lambda b, batch_idx: None if batch_idx == skip_batch else step(b, batch_idx)  # type: ignore[method-assign]
     logger = ListLogger()
-    trainer = cpu_trainer(STEPS, tmp_path, callbacks=[Recorder(seen)], logger=logger, val_check_interval=3,
+    outputs: list[float] = []  # the loss each batch's step hands to on_train_batch_end
+
+    class Outputs(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, out: Any, *a: Any) -> None:
+            outputs.append(float(out["loss"]) if out else float("nan"))
+
+    trainer = cpu_trainer(STEPS, tmp_path, callbacks=[Recorder(seen), Outputs()], logger=logger, val_check_interval=3,
                           limit_val_batches=1, gradient_clip_val=0.05, **trainer_kw)
     fast_run = _AutomaticOptimization.run
     fast_transfer = pl.LightningModule._apply_batch_transfer_handler
@@ -74,7 +84,7 @@ def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, **trainer_kw
         _AutomaticOptimization.run = fast_run  # type: ignore[method-assign]
         pl.LightningModule._apply_batch_transfer_handler = fast_transfer  # type: ignore[method-assign]
         LightningOptimizer.step = original_step  # type: ignore[method-assign]
-    return {"seen": seen, "loop": trainer.fit_loop.state_dict(), "rows": logger.rows,
+    return {"seen": seen, "loop": trainer.fit_loop.state_dict(), "rows": logger.rows, "outputs": outputs,
             "weights": {k: v.clone() for k, v in module.state_dict().items()},
             "lightning_optimizer_steps": len(steps), "global_step": trainer.global_step}
 
@@ -83,6 +93,7 @@ def _same_run(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a["seen"] == b["seen"]
     assert a["loop"] == b["loop"]
     assert a["rows"] == b["rows"]
+    assert a["outputs"] == pytest.approx(b["outputs"], nan_ok=True, rel=0, abs=0)
     assert a["global_step"] == b["global_step"] == STEPS
     assert a["weights"].keys() == b["weights"].keys()
     for k in a["weights"]:
@@ -107,6 +118,27 @@ def test_a_step_whose_training_step_returns_none_is_skipped_as_lightning_skips_i
     lightning = _run(tmp_path / "lightning", False, skip_batch=2)
     _same_run(lean, lightning)
     assert sum(hook == "backward" for _, hook, _ in lean["seen"]) == STEPS - 1
+
+
+def test_an_optimizer_that_runs_the_closure_several_times_sees_lightnings_calls(tmp_path: Path) -> None:
+    def lbfgs(params: Any) -> torch.optim.Optimizer:
+        return torch.optim.LBFGS(params, lr=0.1, max_iter=3)
+
+    lean = _run(tmp_path / "lean", True, optimizer=lbfgs)
+    lightning = _run(tmp_path / "lightning", False, optimizer=lbfgs)
+    _same_run(lean, lightning)
+    assert sum(hook == "training_step" for _, hook, _ in lean["seen"]) > STEPS  # the closure ran again
+
+
+class SkipsTheClosure(torch.optim.SGD):
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        return None
+
+
+def test_an_optimizer_that_skips_the_closure_is_refused_as_lightning_refuses_it(tmp_path: Path) -> None:
+    for lean in (True, False):
+        with pytest.raises(MisconfigurationException, match="closure hasn't been executed"):
+            _run(tmp_path / str(lean), lean, optimizer=lambda p: SkipsTheClosure(p, lr=0.1))
 
 
 @pytest.mark.parametrize("kw", [{"accumulate_grad_batches": 2}, {"profiler": "simple"}], ids=["accumulation", "profiler"])

@@ -31,6 +31,7 @@ from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 from pytorch_lightning.profilers import PassThroughProfiler
 from pytorch_lightning.strategies import SingleDeviceStrategy
 from pytorch_lightning.trainer import call
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 _MARK = "_scalelab_lean"
 
@@ -90,7 +91,12 @@ def _step(loop: _AutomaticOptimization, optimizer: torch.optim.Optimizer, batch_
     optimizer.step(closure=closure)
     module._current_fx_name = previous
     progress.step.increment_completed()
-    result = out[0]
+    if not out:  # Closure.consume_result's check
+        raise MisconfigurationException(
+            "The closure hasn't been executed. HINT: did you call `optimizer_closure()` in your"
+            " `optimizer_step` hook? It could also happen because the `optimizer.step(optimizer_closure)`"
+            " call did not execute it internally.")
+    result = out[-1]  # an optimizer may run the closure more than once (LBFGS); Lightning keeps the last
     return {} if result.loss is None else result.asdict()
 
 
