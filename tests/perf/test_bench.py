@@ -216,3 +216,16 @@ def test_step_parts_times_the_pieces_of_a_step_and_switches_the_fixes(tmp_path: 
     for only in ([], ["--only", "metrics,lean_optimization"]):
         ab = run("--ab-fixes", *only, "--block", "2", "--start", "3", "--steps", "8").splitlines()[-1]
         assert ab.startswith("fixes on ") and "off/on" in ab and "(2 + 2 blocks of 2 steps)" in ab
+
+
+def test_loop_overhead_alternates_hand_and_lightning_blocks(tmp_path: Path) -> None:
+    """benchmarks/loop_overhead: as many hand-loop blocks as Lightning blocks, both timed."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.loop_overhead", "--preset", "encdec", "--blocks", "3",
+                           "--block", "2", "--start", "2", "train.num_threads=1", "optim.warmup_steps=1",
+                           f"paths.data_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = re.search(r"hand loop (\d+) us a step, Lightning (\d+) us a step: hand/Lightning speed ([\d.]+) "
+                      r"\(3 \+ 3 blocks of 2 steps\)", proc.stdout)
+    assert found, proc.stdout[-2000:]
+    hand, lightning, ratio = int(found[1]), int(found[2]), float(found[3])
+    assert hand > 0 and lightning > 0 and ratio == pytest.approx(lightning / hand, rel=0.02)
