@@ -4,14 +4,15 @@ For one batch, Lightning's automatic optimization builds a ``Closure`` of three 
 calls the module's ``optimizer_step`` hook, which calls ``LightningOptimizer.step``, which calls
 ``Strategy.optimizer_step``, which calls ``Precision.optimizer_step``, which wraps the closure
 once more and calls ``optimizer.step(closure)``. The closure calls ``training_step`` through the
-strategy, divides the loss by 1 and backpropagates it through the strategy and the precision
-plugin. Where the strategy, the precision plugin and the module's ``optimizer_step`` are
+strategy and backpropagates the loss through the strategy and the precision plugin. Where the strategy, the precision plugin and the module's ``optimizer_step`` are
 Lightning's own (a one-device run in fp32 or bf16 without a grad scaler), each of those layers
 only passes the call on; ``lean_automatic_optimization`` makes the same calls in the same order
 without them: the same hooks with the same arguments and the same ``_current_fx_name``, the same
 progress counters, the same loss and gradients. Anything else (DDP, a grad scaler, gradient
 accumulation, a real profiler, an overridden ``optimizer_step``, a skipped backward) takes
-Lightning's path.
+Lightning's path. ``python -m benchmarks.step_parts --ab-fixes --only lean_optimization``: off/on
+0.98-1.04 a sweep point's step over six runs (median 1.005), 1.03-1.04 on a tiny step (d 4,
+1 layer, 1 x 8 tokens), where Lightning's share is largest.
 """
 
 from __future__ import annotations
