@@ -149,3 +149,13 @@ def test_a_bad_target_is_one_line_and_leaves_nothing_behind(tmp_path: Path, trai
     outputs = tmp_path / "outputs"
     assert not outputs.exists() or not any(outputs.rglob(".hydra")), sorted(outputs.rglob("*"))
     assert not (tmp_path / "mlruns.db").exists()  # no MLflow run either
+
+
+def test_the_throughput_window_follows_the_logging_cadence_unless_set(tmp_path: Path) -> None:
+    from scalelab.cli.trainer_build import scalelab_callbacks
+    from scalelab.config.spec import build_spec
+    from scalelab.training import ThroughputMonitor
+
+    for overrides, window in (((), None), (("callbacks.throughput.window=40",), 40)):
+        built = scalelab_callbacks(build_spec(make(*overrides)), tmp_path, {}, [])
+        assert [c.every_n_steps for c in built if isinstance(c, ThroughputMonitor)] == [window]

@@ -47,7 +47,8 @@ def scalelab_callbacks(spec: RunSpec, out_dir: Path, meta: dict[str, Any],
     if spec.callbacks.throughput.enabled:  # tokens_per_sec, mfu, time to first step
         from scalelab.training import ThroughputMonitor
 
-        cbs.append(ThroughputMonitor(every_n_steps=int(spec.callbacks.throughput.window)))
+        window = spec.callbacks.throughput.window
+        cbs.append(ThroughputMonitor(every_n_steps=None if window is None else int(window)))
     return cbs
 
 

@@ -127,7 +127,7 @@ class SampleSchema:
 @dataclass
 class ThroughputSchema:
     enabled: bool = MISSING
-    window: int = MISSING
+    window: int | None = MISSING
 
 
 @dataclass

@@ -25,8 +25,18 @@ THROUGHPUT_KEYS = ("tokens_per_sec", "tokens_per_sec_per_device", "flops_per_sec
                    "flops_per_sec_per_device", "mfu", "tokens_per_cpu_sec")
 
 
+def window_steps(every_n_steps: int | None, log_every_n_steps: int) -> int:
+    """Optimizer steps in a throughput window: ``every_n_steps`` (default: Lightning's logging
+    cadence) rounded up to a multiple of that cadence. So every window ends on a step whose
+    metrics Lightning writes: a value logged on another step was written later, stale, or not
+    at all, and cost its ``self.log`` calls (and on a GPU a host sync) on that step."""
+    log_every = max(1, log_every_n_steps)
+    return -(-(every_n_steps or log_every) // log_every) * log_every
+
+
 class ThroughputMonitor(pl.Callback):
-    """Logs tokens/s, model FLOP/s and MFU over windows of ``every_n_steps`` optimizer steps.
+    """Logs tokens/s, model FLOP/s and MFU over windows of ``every_n_steps`` optimizer steps,
+    rounded up to a multiple of ``trainer.log_every_n_steps`` (``window_steps``).
 
     Counts come from the module's ``tokens_seen`` / ``flops_seen`` (all devices, all
     micro-batches; FLOPs from ``ModelConfig.flops_per_token(training=True)``, the PaLM
@@ -91,8 +101,7 @@ class ThroughputMonitor(pl.Callback):
                 self.peak = peak_flops(pl_module.device, trainer.precision)
             self._start_window(pl_module)
             return
-        every = self.every_n_steps or max(1, int(trainer.log_every_n_steps))
-        if step % every:
+        if step % window_steps(self.every_n_steps, int(trainer.log_every_n_steps)):
             return
         self._sync(pl_module)
         dt = time.perf_counter() - self._t0
