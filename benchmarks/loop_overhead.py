@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -76,31 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=50)
     ap.add_argument("--start", type=int, default=200)
     args, overrides = ap.parse_known_args(argv)
-    import pytorch_lightning as pl
-
-    import scalelab.cli.train as T
     from benchmarks.bench_train import PRESET_THREADS, PRESETS
+    from benchmarks.step_parts import train_preset_here
 
     times: dict[str, list[float]] = {"hand": [], "lightning": []}
-    callback = _alternating(args, times)
-    init = pl.Trainer.__init__
-
-    def init_alternating(self: Any, *a: Any, callbacks: Any = None, **k: Any) -> None:
-        init(self, *a, callbacks=[*(callbacks or []), callback], **k)
-
-    pl.Trainer.__init__ = init_alternating  # type: ignore[method-assign]
-    end = args.start + (args.blocks + 1) * args.block
     threads = PRESET_THREADS.get(args.preset)
-    with tempfile.TemporaryDirectory() as tmp:
-        # after the preset, which may set its own length (sweep_point does)
-        sys.argv = [sys.argv[0], *PRESETS[args.preset], f"paths.output_dir={tmp}/run", "logger=none",
-                    f"train.max_steps={end + 2}", f"train.val_every={end + 2}",
-                    *([f"train.num_threads={threads}"] if threads else []), *overrides]
-        try:
-            T.main()
-        except SystemExit as e:
-            if e.code:
-                raise
+    train_preset_here(PRESETS[args.preset], _alternating(args, times),
+                      args.start + (args.blocks + 1) * args.block + 2,
+                      [*([f"train.num_threads={threads}"] if threads else []), *overrides])
     if not times["lightning"]:
         print("loop_overhead: no block ran (raise train.max_steps?)")
         return 1

@@ -136,7 +136,7 @@ def _fix_names(value: str) -> str:
 
 
 def _fix_switch(which: str) -> Any:
-    """set(on): scalelab's per-step shortcuts (``which``: one of FIXES, or all) on or off
+    """set(on): scalelab's per-step shortcuts (``which``: FIXES names, comma-separated, or all) on or off
     (Lightning's originals)."""
     from pytorch_lightning import LightningModule
     from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
@@ -200,7 +200,6 @@ def _train_with_clock(args: argparse.Namespace, overrides: list[str], acc: Count
     step). Returns the run's ``trainer.log_every_n_steps``."""
     import pytorch_lightning as pl
 
-    import scalelab.cli.train as T
     from benchmarks.bench_train import GPU_PRESETS, PRESETS
 
     end = args.start + args.steps
@@ -226,22 +225,34 @@ def _train_with_clock(args: argparse.Namespace, overrides: list[str], acc: Count
             mark["fixes"], mark["t"] = k % 4 in (0, 3), time.perf_counter()  # A B B A
             set_fixes(mark["fixes"])
 
+    train_preset_here({**PRESETS, **GPU_PRESETS}[args.preset], Clock(), end + 2, overrides)
+    return int(mark.get("log_every", 1))
+
+
+def train_preset_here(preset: list[str], callback: Any, steps: int, overrides: list[str]) -> None:
+    """Run ``scalelab-train`` in this process on a bench preset for ``steps`` steps, validating
+    only at the end, no tracking, with ``callback`` added to the Trainer's; ``overrides`` last."""
+    import pytorch_lightning as pl
+
+    import scalelab.cli.train as T
+
     init = pl.Trainer.__init__
 
-    def init_with_clock(self: Any, *a: Any, callbacks: Any = None, **k: Any) -> None:
-        init(self, *a, callbacks=[*(callbacks or []), Clock()], **k)
+    def init_with(self: Any, *a: Any, callbacks: Any = None, **k: Any) -> None:
+        init(self, *a, callbacks=[*(callbacks or []), callback], **k)
 
-    pl.Trainer.__init__ = init_with_clock  # type: ignore[method-assign]
+    pl.Trainer.__init__ = init_with  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
         # after the preset, which may set its own length (sweep_point does)
-        sys.argv = [sys.argv[0], *{**PRESETS, **GPU_PRESETS}[args.preset], f"paths.output_dir={tmp}/run",
-                    "logger=none", f"train.max_steps={end + 2}", f"train.val_every={end + 2}", *overrides]
+        sys.argv = [sys.argv[0], *preset, f"paths.output_dir={tmp}/run", "logger=none",
+                    f"train.max_steps={steps}", f"train.val_every={steps}", *overrides]
         try:
             T.main()
         except SystemExit as e:
             if e.code:
                 raise
-    return int(mark.get("log_every", 1))
+        finally:
+            pl.Trainer.__init__ = init  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:

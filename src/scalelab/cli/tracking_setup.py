@@ -25,12 +25,11 @@ def spawn_tracking(spec: RunSpec, rank0: bool) -> Any:
     later jobs get the one its previous job kept."""
     if spec.logger.backend != "mlflow" or not rank0 or spec.fast_dev_run:
         return contextlib.nullcontext()
+    from scalelab.cli.naming import in_multirun
     from scalelab.tracking.process import TrackingProcess
     from scalelab.tracking.store import remote_env_defaults, resolve_tracking_uri
 
     remote_env_defaults()  # before the process starts: it inherits them
-    from scalelab.cli.naming import in_multirun
-
     uri = resolve_tracking_uri(spec.logger.tracking_uri, Path(spec.paths.root))
     # in a multirun more jobs may follow in this process: they reuse its tracking process
     return TrackingProcess.for_run(uri, keep_for_next=in_multirun())
