@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.trainer.states import RunningStage
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from scalelab.data.config import DataConfig
@@ -140,7 +141,8 @@ class _StreamDataModule(pl.LightningDataModule):
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = self.trainer
-        if trainer is None or trainer.training:
+        # the stage itself: trainer.training compares it as a string, a dozen calls a batch
+        if trainer is None or trainer.state.stage is RunningStage.TRAINING:
             self.consumed += 1
             if self._train_ds is not None and not self.pinned:
                 self._train_ds.start = self.consumed  # the next epoch continues from here
