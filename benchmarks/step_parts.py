@@ -9,10 +9,12 @@ bench's (default ``sweep_point``, where fixed per-step work is the largest share
 presets included; Hydra overrides go on top.
 
 ``--ab-fixes`` instead turns scalelab's per-step shortcuts (training/lightning_fixes.py,
-training/lean_optimization.py, ``LMModule.__setattr__`` and model/small_head_attention.py) off
+training/lean_optimization.py, training/lean_batch.py, ``LMModule.__setattr__`` and model/small_head_attention.py) off
 and on in blocks of ``--block`` steps (A B B A ...), in the same run, and prints the median step
 of each: the host's drift hits both alike, which separate runs on a shared machine cannot
-promise. ``--only NAME[,NAME...]`` switches those named alone (the names are in ``FIXES``).
+promise. ``--only NAME[,NAME...]`` switches those named alone (the names are in ``FIXES``); unless
+``lean_batch`` is among them, both sides run Lightning's own batch, which the lean batch would
+bypass.
 
     python -m benchmarks.step_parts [--steps 2000] [--start 300] [hydra overrides ...]
     python -m benchmarks.step_parts --ab-fixes --steps 3000 train.num_threads=1
@@ -125,7 +127,7 @@ def _report_syncs(args: argparse.Namespace, by_step: Counter, where: Counter, lo
 
 
 FIXES = ("callbacks", "setattr", "metrics", "module_hooks", "small_heads", "lean_optimization",
-         "batch_transfer", "batch_idx")
+         "batch_transfer", "batch_idx", "lean_batch")
 
 
 def _fix_names(value: str) -> str:
@@ -148,6 +150,7 @@ def _fix_switch(which: str) -> Any:
     from torch import nn
 
     from scalelab.model import small_head_attention
+    from scalelab.training.lean_batch import lean_training_batch
     from scalelab.training.lean_optimization import lean_automatic_optimization
     from scalelab.training.lightning_fixes import (
         remember_batch_idx_parameter,
@@ -164,6 +167,8 @@ def _fix_switch(which: str) -> Any:
     lean_automatic_optimization()
     skip_noop_batch_transfer()
     remember_batch_idx_parameter()
+    lean_training_batch()
+    fast_advance, fast_advance_end = _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end
     fast_run, fast_transfer = _AutomaticOptimization.run, LightningModule._apply_batch_transfer_handler
     fast_kwargs = _TrainingEpochLoop._build_kwargs
     fast, fast_setattr, fast_end = call._call_callback_hooks, LMModule.__setattr__, _LoggerConnector.on_batch_end
@@ -189,6 +194,12 @@ def _fix_switch(which: str) -> Any:
                 fast_transfer if on else fast_transfer.__wrapped__)
         if "batch_idx" in switched:
             _TrainingEpochLoop._build_kwargs = fast_kwargs if on else fast_kwargs.__wrapped__  # type: ignore[method-assign]
+        # the lean batch calls the hooks and the step itself, past the others: the others
+        # switched without it run on Lightning's own batch
+        lean = on and "lean_batch" in switched
+        _TrainingEpochLoop.advance = fast_advance if lean else fast_advance.__wrapped__  # type: ignore[method-assign]
+        _TrainingEpochLoop.on_advance_end = (  # type: ignore[method-assign]
+            fast_advance_end if lean else fast_advance_end.__wrapped__)
 
     return set_fixes
 

@@ -1,7 +1,8 @@
-"""One batch's automatic optimization without Lightning's pass-along layers, and a CPU batch
-handed on without a transfer: the same hooks in the same order with the same
+"""A training batch and its automatic optimization without Lightning's pass-along layers, and a
+CPU batch handed on without a transfer: the same hooks in the same order with the same
 ``_current_fx_name``, the same progress counters, logged values and weights as Lightning's own
-path, which every other set-up still takes."""
+path, which every other set-up still takes. ``_run`` switches all three shortcuts together;
+tests/training/test_lean_batch.py holds the batch's own cases."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.core.optimizer import LightningOptimizer
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
+from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.profilers import SimpleProfiler
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
+from scalelab.training import lean_batch
+from scalelab.training.lean_batch import lean_training_batch
 from scalelab.training.lean_optimization import lean_automatic_optimization
 from scalelab.training.lightning_fixes import remember_batch_idx_parameter, skip_noop_batch_transfer
 
@@ -40,16 +44,37 @@ def _trace_module(module: pl.LightningModule, seen: list[tuple[str, str, str | N
         setattr(module, hook, traced)
 
 
+class _Watched:
+    """A train loader that records the module's ``_current_fx_name`` at each fetch: what the
+    loop leaves set between its hooks."""
+
+    def __init__(self, batches: Any, module: pl.LightningModule, seen: list[tuple[str, str, str | None]]) -> None:
+        self.batches, self.module, self.seen = batches, module, seen
+
+    def __iter__(self) -> Any:
+        for batch in self.batches:
+            self.seen.append(("loader", "next", self.module._current_fx_name))
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, optimizer: Any = None,
+         module_setup: Any = None, train: Any = None, callbacks: tuple[Any, ...] = (), ckpt_path: str | None = None,
          **trainer_kw: Any) -> dict[str, Any]:
     """A short fit with every callback hook and the module's step hooks traced; ``lean`` picks
-    scalelab's path or Lightning's for both shortcuts."""
+    scalelab's path or Lightning's for the three shortcuts. ``module_setup(module)`` changes the
+    module after tracing; ``train`` replaces the train loader."""
     lean_automatic_optimization()
     skip_noop_batch_transfer()
+    lean_training_batch()
     seen: list[tuple[str, str, str | None]] = []
     torch.manual_seed(0)
     module = tiny_module(STEPS)
     _trace_module(module, seen)
+    if module_setup is not None:
+        module_setup(module)
     if optimizer is not None:  # one built from the module's parameters, and no lr schedule
         module.configure_optimizers = lambda: optimizer(module.parameters())  # type: ignore[method-assign]
     if skip_batch is not None:  # training_step returns None on one batch: no backward then
@@ -57,18 +82,26 @@ def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, optimizer: A
         # Lightning passes batch_idx to a training_step with a parameter of that name
         module.training_step = lambda b, batch_idx: None if batch_idx == skip_batch else step(b, batch_idx)  # type: ignore[method-assign]
     logger = ListLogger()
+    train = _Watched(train if train is not None else loader(STEPS * 2, 2), module, seen)
     outputs: list[float] = []  # the loss each batch's step hands to on_train_batch_end
 
     class Outputs(pl.Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, out: Any, *a: Any) -> None:
             outputs.append(float(out["loss"]) if out else float("nan"))
 
-    trainer = cpu_trainer(STEPS, tmp_path, callbacks=[Recorder(seen), Outputs()], logger=logger, val_check_interval=3,
-                          limit_val_batches=1, gradient_clip_val=0.05, **trainer_kw)
+    trainer = cpu_trainer(trainer_kw.pop("max_steps", STEPS), tmp_path, callbacks=[Recorder(seen), Outputs(), *callbacks],
+                          logger=logger, val_check_interval=3, limit_val_batches=1, gradient_clip_val=0.05, **trainer_kw)
     fast_run = _AutomaticOptimization.run
     fast_transfer = pl.LightningModule._apply_batch_transfer_handler
+    fast_advance, fast_end = _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end
     steps: list[int] = []
+    lean_batches: list[int] = []
     original_step = LightningOptimizer.step
+    original_advance = lean_batch._advance
+
+    def counted_advance(*a: Any) -> Any:
+        lean_batches.append(1)
+        return original_advance(*a)
 
     def counted_step(self: LightningOptimizer, *a: Any, **k: Any) -> Any:
         steps.append(1)
@@ -77,24 +110,30 @@ def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, optimizer: A
     if not lean:
         _AutomaticOptimization.run = fast_run.__wrapped__  # type: ignore[method-assign]
         pl.LightningModule._apply_batch_transfer_handler = fast_transfer.__wrapped__  # type: ignore[method-assign]
+        _TrainingEpochLoop.advance = fast_advance.__wrapped__  # type: ignore[method-assign]
+        _TrainingEpochLoop.on_advance_end = fast_end.__wrapped__  # type: ignore[method-assign]
     LightningOptimizer.step = counted_step  # type: ignore[method-assign]
+    lean_batch._advance = counted_advance
     try:
-        trainer.fit(module, loader(STEPS * 2, 2), loader(2, 2))
+        trainer.fit(module, train, loader(2, 2), ckpt_path=ckpt_path)
     finally:
         _AutomaticOptimization.run = fast_run  # type: ignore[method-assign]
         pl.LightningModule._apply_batch_transfer_handler = fast_transfer  # type: ignore[method-assign]
+        _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end = fast_advance, fast_end  # type: ignore[method-assign]
         LightningOptimizer.step = original_step  # type: ignore[method-assign]
+        lean_batch._advance = original_advance
     return {"seen": seen, "loop": trainer.fit_loop.state_dict(), "rows": logger.rows, "outputs": outputs,
             "weights": {k: v.clone() for k, v in module.state_dict().items()},
-            "lightning_optimizer_steps": len(steps), "global_step": trainer.global_step}
+            "lightning_optimizer_steps": len(steps), "global_step": trainer.global_step,
+            "lean_batches": len(lean_batches), "trainer": trainer}
 
 
-def _same_run(a: dict[str, Any], b: dict[str, Any]) -> None:
+def _same_run(a: dict[str, Any], b: dict[str, Any], steps: int = STEPS) -> None:
     assert a["seen"] == b["seen"]
     assert a["loop"] == b["loop"]
     assert a["rows"] == b["rows"]
     assert a["outputs"] == pytest.approx(b["outputs"], nan_ok=True, rel=0, abs=0)
-    assert a["global_step"] == b["global_step"] == STEPS
+    assert a["global_step"] == b["global_step"] == steps
     assert a["weights"].keys() == b["weights"].keys()
     for k in a["weights"]:
         assert torch.equal(a["weights"][k], b["weights"][k]), k
@@ -107,6 +146,7 @@ def test_a_step_makes_lightnings_calls_and_ends_on_its_weights(tmp_path: Path, p
     _same_run(lean, lightning)
     assert lean["lightning_optimizer_steps"] == 0  # the layers were skipped
     assert lightning["lightning_optimizer_steps"] == STEPS
+    assert (lean["lean_batches"], lightning["lean_batches"]) == (STEPS, 0)
     hooks = {hook for _, hook, _ in lean["seen"]}
     assert set(TRACED) <= hooks and {"on_before_backward", "on_before_optimizer_step"} <= hooks & set(HOOKS)
     assert ("module", "backward", "backward") in lean["seen"]

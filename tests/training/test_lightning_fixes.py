@@ -29,7 +29,7 @@ from scalelab.training.lightning_fixes import (
     skip_unchanged_step_metrics,
 )
 
-from .conftest import cpu_trainer
+from .conftest import cpu_trainer, lightnings_batch
 from .test_callbacks import loader, tiny_module
 from .test_step_logging import ListLogger
 
@@ -141,7 +141,8 @@ def _hook_trace(tmp_path: Path, dispatch: Any) -> list[tuple[str, str, str | Non
     saved = call._call_callback_hooks
     call._call_callback_hooks = dispatch
     try:
-        trainer.fit(module, loader(steps * 2, 2), loader(2, 2))
+        with lightnings_batch():
+            trainer.fit(module, loader(steps * 2, 2), loader(2, 2))
     finally:
         call._call_callback_hooks = saved
     return seen
@@ -341,7 +342,8 @@ def _module_hook_trace(tmp_path: Path, module_hook: Any, strategy_hook: Any) -> 
     saved = call._call_lightning_module_hook, call._call_strategy_hook
     call._call_lightning_module_hook, call._call_strategy_hook = module_hook, strategy_hook
     try:
-        trainer.fit(module, loader(steps * 2, 2), loader(2, 2))
+        with lightnings_batch():
+            trainer.fit(module, loader(steps * 2, 2), loader(2, 2))
     finally:
         call._call_lightning_module_hook, call._call_strategy_hook = saved
     return seen

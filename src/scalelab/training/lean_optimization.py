@@ -17,80 +17,71 @@ Lightning's path. ``python -m benchmarks.step_parts --ab-fixes --only lean_optim
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import OrderedDict
 from typing import Any
 
 import torch
-from pytorch_lightning import LightningModule
 from pytorch_lightning.loops.optimization.automatic import (
     Closure,
     ClosureResult,
     _AutomaticOptimization,
 )
-from pytorch_lightning.plugins.precision import MixedPrecision, Precision
-from pytorch_lightning.profilers import PassThroughProfiler
-from pytorch_lightning.strategies import SingleDeviceStrategy
-from pytorch_lightning.trainer import call
+from pytorch_lightning.plugins.precision import Precision
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+from scalelab.training.hook_plan import FX, HookPlan, plan_for
 
 _MARK = "_scalelab_lean"
 
 
-def _passes_through(loop: _AutomaticOptimization) -> bool:
+def _passes_through(loop: _AutomaticOptimization, plan: HookPlan | None) -> bool:
     """Whether every layer between the loop and ``optimizer.step`` is Lightning's own and so
-    only passes the call on (the module docstring lists them)."""
-    trainer = loop.trainer
-    module = trainer.lightning_module
-    strategy = trainer.strategy
-    precision = strategy.precision_plugin
-    return (not loop._skip_backward and trainer.accumulate_grad_batches == 1
-            and isinstance(trainer.profiler, PassThroughProfiler)
-            and type(strategy) is SingleDeviceStrategy and strategy.model is module
-            and (type(precision) is Precision or (type(precision) is MixedPrecision and precision.scaler is None))
-            and type(module).optimizer_step is LightningModule.optimizer_step
-            and "optimizer_step" not in module.__dict__)
+    only passes the call on (the module docstring lists them): ``plan_for`` gave a plan."""
+    return plan is not None and not loop._skip_backward and loop.trainer.accumulate_grad_batches == 1
 
 
 def _step(loop: _AutomaticOptimization, optimizer: torch.optim.Optimizer, batch_idx: int,
-          kwargs: OrderedDict) -> dict[str, Any]:
+          kwargs: OrderedDict, plan: HookPlan) -> dict[str, Any]:
     trainer = loop.trainer
-    module = trainer.lightning_module
+    module, names = plan.module, plan.names
     precision = trainer.strategy.precision_plugin
+    # Precision's train_step_context enters a null context; MixedPrecision's, autocast
+    context = precision.train_step_context if type(precision) is not Precision else contextlib.nullcontext
     progress = loop.optim_progress.optimizer
     out: list[ClosureResult] = []
 
     def closure() -> torch.Tensor | None:  # Closure.closure, then Precision._wrap_closure's rest
         with torch.enable_grad():
-            module._current_fx_name = "training_step"  # as _call_strategy_hook sets it
-            with precision.train_step_context():
+            names[FX] = "training_step"  # as _call_strategy_hook sets it
+            with context():
                 result = ClosureResult.from_training_step_output(module.training_step(*kwargs.values()))
-            module._current_fx_name = "optimizer_step"
+            names[FX] = "optimizer_step"
             out.append(result)
             if result.closure_loss is None:
                 Closure.warning_cache.warn(
                     "`training_step` returned `None`. If this was on purpose, ignore this warning...")
             progress.zero_grad.increment_ready()
-            call._call_callback_hooks(trainer, "on_before_zero_grad", optimizer)
-            call._call_lightning_module_hook(trainer, "on_before_zero_grad", optimizer)
+            plan.fire("on_before_zero_grad", optimizer)
             progress.zero_grad.increment_started()
-            call._call_lightning_module_hook(trainer, "optimizer_zero_grad", trainer.current_epoch, batch_idx,
-                                             optimizer)
+            plan.call_module("optimizer_zero_grad", trainer.current_epoch, batch_idx, optimizer)
             progress.zero_grad.increment_completed()
             if result.closure_loss is not None:
-                module._current_fx_name = "backward"
-                loss = precision.pre_backward(result.closure_loss, module)
-                module.backward(loss)
-                precision.post_backward(loss, module)
-                module._current_fx_name = "optimizer_step"
-        precision._after_closure(module, optimizer)
+                plan.fire("on_before_backward", result.closure_loss)  # Precision.pre_backward, no scaler
+                names[FX] = "backward"  # as _call_strategy_hook("backward") sets it
+                module.backward(result.closure_loss)
+                names[FX] = "optimizer_step"
+                plan.fire("on_after_backward")  # Precision.post_backward
+        plan.fire("on_before_optimizer_step", optimizer)  # Precision._after_closure
+        plan.call_module("configure_gradient_clipping", optimizer, gradient_clip_val=trainer.gradient_clip_val,
+                         gradient_clip_algorithm=trainer.gradient_clip_algorithm)
         return result.loss
 
     progress.step.increment_ready()
-    previous = module._current_fx_name
-    module._current_fx_name = "optimizer_step"
+    previous, names[FX] = names[FX], "optimizer_step"
     optimizer.step(closure=closure)
-    module._current_fx_name = previous
+    names[FX] = previous
     progress.step.increment_completed()
     if not out:  # Closure.consume_result's check
         raise MisconfigurationException(
@@ -111,8 +102,9 @@ def lean_automatic_optimization() -> None:
     @functools.wraps(original)
     def run(self: _AutomaticOptimization, optimizer: torch.optim.Optimizer, batch_idx: int,
             kwargs: OrderedDict) -> dict[str, Any]:
-        if _passes_through(self):
-            return _step(self, optimizer, batch_idx, kwargs)
+        plan = plan_for(self, self.trainer)
+        if plan is not None and _passes_through(self, plan):
+            return _step(self, optimizer, batch_idx, kwargs, plan)
         return original(self, optimizer, batch_idx, kwargs)
 
     setattr(run, _MARK, True)

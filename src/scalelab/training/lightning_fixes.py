@@ -171,6 +171,27 @@ def _gather_would_repeat(connector: _LoggerConnector, results: _ResultCollection
         for d, (kept, items) in zip(_checked_dicts(connector), written, strict=True))
 
 
+def end_batch_metrics(connector: _LoggerConnector, results: _ResultCollection) -> None:
+    """``connector.on_batch_end()`` where ``results`` is ``trainer._results`` and a batch is
+    under way: the gather skipped, as ``skip_unchanged_step_metrics`` skips it, when it would
+    write what it wrote last."""
+    if getattr(type(connector).on_batch_end, _MARK, False) and _gather_would_repeat(
+            connector, results, _gather_inputs(results)):
+        results.batch = None
+        results.batch_size = None
+    else:
+        connector.on_batch_end()
+
+
+def fit_logs_this_step(trainer: Any) -> bool:
+    """``_LoggerConnector.should_update_logs`` in a training batch, where the fit loop is the
+    active loop, without finding the active loop through the trainer's state."""
+    every = trainer.log_every_n_steps
+    if every == 0:
+        return False
+    return (trainer.fit_loop.epoch_loop._batches_that_stepped + 1) % every == 0 or trainer.should_stop
+
+
 def skip_unchanged_step_metrics() -> None:
     """Make ``_LoggerConnector.on_batch_end`` skip the metric gather when it would write what
     the previous gather from the same collection wrote; the batch references are dropped as
@@ -267,6 +288,23 @@ def _lightnings_own(obj: Any, base: type) -> bool:
                for name in _TRANSFER_HOOKS)
 
 
+def transfer_hooks_are_lightnings(module: LightningModule, datamodule: LightningDataModule | None) -> bool:
+    """Whether neither the module nor the datamodule overrides a batch transfer hook."""
+    return _lightnings_own(module, LightningModule) and (
+        datamodule is None or _lightnings_own(datamodule, LightningDataModule))
+
+
+def on_device(batch: Any, device: torch.device) -> bool:
+    """Whether ``batch`` is a dict of tensors on ``device``, which Lightning's transfer would
+    rebuild around the same tensors."""
+    if type(batch) is not dict:
+        return False
+    for value in batch.values():
+        if not isinstance(value, torch.Tensor) or value.device != device:
+            return False
+    return True
+
+
 def skip_noop_batch_transfer() -> None:
     """Make a LightningModule hand a batch on as it is where the transfer would give the same
     tensors: a dict of tensors on the target device already, no transfer hook overridden in the
@@ -280,11 +318,8 @@ def skip_noop_batch_transfer() -> None:
     def apply(self: LightningModule, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         trainer = self._trainer
         if type(batch) is dict and trainer is not None and isinstance(trainer.profiler, PassThroughProfiler):
-            device = device or self.device
             datamodule = trainer._data_connector._datahook_selector.datamodule
-            if all(isinstance(v, torch.Tensor) and v.device == device for v in batch.values()) \
-                    and _lightnings_own(self, LightningModule) \
-                    and (datamodule is None or _lightnings_own(datamodule, LightningDataModule)):
+            if on_device(batch, device or self.device) and transfer_hooks_are_lightnings(self, datamodule):
                 return batch
         return original(self, batch, device, dataloader_idx)
 

@@ -31,8 +31,11 @@ from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
 from scalelab.training.config import OptimConfig
 from scalelab.training.flat_params import FlatAdamW, fits_one_tensor
+from scalelab.training.hook_plan import plain_setattr
+from scalelab.training.lean_batch import lean_training_batch
 from scalelab.training.lean_optimization import lean_automatic_optimization
 from scalelab.training.lightning_fixes import (
+    fit_logs_this_step,
     remember_batch_idx_parameter,
     skip_empty_module_hooks,
     skip_inherited_callback_hooks,
@@ -128,6 +131,7 @@ class LMModule(pl.LightningModule):
         skip_unchanged_step_metrics()  # a gather and two .item() a step, for values unchanged
         skip_empty_module_hooks()  # ~12 module/strategy hooks a step, half of them empty
         lean_automatic_optimization()  # five layers that pass each optimizer step along
+        lean_training_batch()  # the loop's own layers and lookups around each batch
         skip_noop_batch_transfer()  # four hook lookups and a new dict for a batch already there
         remember_batch_idx_parameter()  # training_step's signature, read at every batch
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
@@ -162,6 +166,7 @@ class LMModule(pl.LightningModule):
         self._win_n = 0
         self._val: dict[str, torch.Tensor] = {}
 
+    @plain_setattr  # hook_plan may write _current_fx_name to __dict__ itself
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _PLAIN_STEP_ATTRS:  # never a parameter, buffer or submodule
             object.__setattr__(self, name, value)
@@ -310,8 +315,7 @@ class LMModule(pl.LightningModule):
             return True
         if trainer.max_steps > 0 and trainer.global_step + 1 >= trainer.max_steps:
             return True
-        connector = getattr(trainer, "_logger_connector", None)
-        return True if connector is None else bool(connector.should_update_logs)
+        return fit_logs_this_step(trainer)
 
     def _clip_value(self) -> float:
         trainer = self._trainer

@@ -1,0 +1,141 @@
+"""Lightning's training batch, its loop bookkeeping without the layers that pass it along.
+
+``_TrainingEpochLoop.advance`` and ``on_advance_end`` run once a batch. Around the step itself
+they check for a restart, a distributed stop signal, a ``dataloader_iter`` step, a skipped epoch
+and plateau schedulers, dispatch five hook calls through the strategy, the trainer's properties and
+the profiler, and read the lr schedulers' settings three times. On a sweep point's step
+(2.8 ms, a 5,772-parameter model) that was ~0.5k Python calls a batch beyond a hand loop's, and
+Lightning's steps took 1.13x the hand loop's time (``python -m benchmarks.loop_overhead``).
+
+Where every layer is Lightning's own and passes the call on (``lean_optimization._passes_through``),
+the fetcher is Lightning's prefetching one and the loop is not restarting, ``lean_training_batch`` makes the
+calls of a batch in Lightning's order through a ``HookPlan``: the same hooks with the same
+arguments and ``_current_fx_name``, the same progress counters, schedulers, logged rows and
+validation steps. A batch that validates, a plateau scheduler and anything else take Lightning's
+path.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from typing import Any
+
+from pytorch_lightning.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
+from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
+from pytorch_lightning.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+from pytorch_lightning.trainer.connectors.logger_connector.result import _ResultCollection
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+from scalelab.training.hook_plan import HookPlan, plan_for
+from scalelab.training.lean_optimization import _passes_through, _step
+from scalelab.training.lightning_fixes import end_batch_metrics, fit_logs_this_step
+
+_MARK = "_scalelab_lean"
+_LEAN_BATCH = "_scalelab_lean_batch"  # this batch's plan, from advance to on_advance_end
+
+
+def _lean(loop: _TrainingEpochLoop, data_fetcher: _DataFetcher) -> HookPlan | None:
+    """The plan of this batch where it can take the lean path; None where Lightning's."""
+    if loop._restarting or type(data_fetcher) is not _PrefetchDataFetcher:
+        return None
+    plan = plan_for(loop, loop.trainer)
+    if plan is None or not _passes_through(loop.automatic_optimization, plan) or not plan.module.automatic_optimization:
+        return None
+    return plan
+
+
+def _step_schedulers(loop: _TrainingEpochLoop, plan: HookPlan, batch_number: int) -> None:
+    """``update_lr_schedulers("step", update_plateau_schedulers=False)`` for one optimizer
+    step (no accumulation)."""
+    for config in loop.trainer.lr_scheduler_configs:
+        if not config.reduce_on_plateau and config.interval == "step" and batch_number % config.frequency == 0:
+            loop.scheduler_progress.increment_ready()
+            plan.call_module("lr_scheduler_step", config.scheduler, None)
+            loop.scheduler_progress.increment_completed()
+
+
+def _batch_start(connector: _LoggerConnector, results: _ResultCollection, batch: Any) -> None:
+    """``_LoggerConnector.on_batch_start(batch)``, where ``results`` is the training loop's, which
+    ``trainer._results`` finds through the trainer's state while it trains."""
+    first = connector._first_loop_iter
+    connector._first_loop_iter = True if first is None else False if first is True else first
+    results.batch = batch
+    results.batch_size = None
+    results.dataloader_idx = None
+
+
+def _advance(loop: _TrainingEpochLoop, data_fetcher: _DataFetcher, plan: HookPlan) -> None:
+    """``_TrainingEpochLoop.advance`` for a batch that ``_lean`` admits."""
+    trainer, progress = loop.trainer, loop.batch_progress
+    if loop.val_loop._restarting:
+        loop.val_loop.restarting = False
+    batch, _, __ = next(data_fetcher)
+    batch_idx = progress.current.ready  # Lightning's self.batch_idx + 1
+    progress.is_last_batch = data_fetcher.done
+    batch = plan.to_device(batch)  # the precision plugin's convert_input passes it on
+    progress.increment_ready()
+    connector = trainer._logger_connector
+    _batch_start(connector, loop._results, batch)
+    output, ends_epoch = None, False
+    if batch is None:
+        loop._warning_cache.warn("train_dataloader yielded None. If this was on purpose, ignore this warning...")
+    elif plan.fire("on_train_batch_start", batch, batch_idx) == -1:  # the strategy's hook is empty
+        ends_epoch = True
+        progress.increment_by(0, is_last_batch=True)
+    else:
+        progress.increment_started()
+        kwargs = loop._build_kwargs(OrderedDict(), batch, batch_idx)
+        output = _step(loop.automatic_optimization, trainer.optimizers[0], batch_idx, kwargs, plan)
+    progress.increment_processed()
+    _step_schedulers(loop, plan, progress.current.ready)
+    if loop._num_ready_batches_reached():
+        loop.update_lr_schedulers("epoch", update_plateau_schedulers=False)
+    if ends_epoch:
+        raise StopIteration
+    plan.fire("on_train_batch_end", output, batch, batch_idx)
+    end_batch_metrics(connector, loop._results)
+    progress.increment_completed()
+    if fit_logs_this_step(trainer) or trainer.fast_dev_run:  # update_train_step_metrics
+        connector.log_metrics(connector.metrics["log"])
+
+
+def _end_without_validation(loop: _TrainingEpochLoop) -> None:
+    """``_TrainingEpochLoop.on_advance_end`` for a batch that does not validate, with no plateau
+    scheduler (whose update would come here) and one optimizer step a batch."""
+    loop._batches_that_stepped += 1
+    trainer = loop.trainer
+    if trainer.should_stop:  # _save_loggers_on_train_batch_end
+        for logger in trainer.loggers:
+            logger.save()
+    if not loop._is_training_done and trainer.received_sigterm:
+        raise SIGTERMException
+
+
+def lean_training_batch() -> None:
+    """Make ``_TrainingEpochLoop.advance`` and ``on_advance_end`` take the lean path where
+    ``_lean`` admits the batch, and Lightning's otherwise. Idempotent."""
+    advance, on_advance_end = _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end
+    if getattr(advance, _MARK, False):
+        return
+
+    @functools.wraps(advance)
+    def lean_advance(self: _TrainingEpochLoop, data_fetcher: _DataFetcher) -> None:
+        plan = self.__dict__[_LEAN_BATCH] = _lean(self, data_fetcher)
+        if plan is None:
+            return advance(self, data_fetcher)
+        return _advance(self, data_fetcher, plan)
+
+    @functools.wraps(on_advance_end)
+    def lean_on_advance_end(self: _TrainingEpochLoop, data_fetcher: _DataFetcher) -> None:
+        lean = self.__dict__.pop(_LEAN_BATCH, None) is not None
+        trainer = self.trainer
+        if not lean or self._skip_next_val or trainer.accumulate_grad_batches != 1 or any(
+                c.reduce_on_plateau for c in trainer.lr_scheduler_configs) or self._should_check_val_fx(data_fetcher):
+            return on_advance_end(self, data_fetcher)
+        return _end_without_validation(self)
+
+    for fn in (lean_advance, lean_on_advance_end):
+        setattr(fn, _MARK, True)
+    _TrainingEpochLoop.advance = lean_advance  # type: ignore[method-assign]
+    _TrainingEpochLoop.on_advance_end = lean_on_advance_end  # type: ignore[method-assign]
