@@ -167,6 +167,22 @@ def test_a_resumed_fit_ends_where_lightnings_does(tmp_path: Path) -> None:
     assert lean["lean_batches"] == STEPS - 2 - 1
 
 
+def test_checkpoints_are_written_at_the_steps_lightnings_are(tmp_path: Path) -> None:
+    """A checkpoint that saves every 2 steps keeps its per-batch test in the plan; one that saves
+    at validation (the platform's default) has nothing to do per batch and is left out."""
+    written = {}
+    for lean in (True, False):
+        at_val = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / f"val{lean}", save_top_k=-1, filename="{step}")
+        every_2 = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / f"two{lean}", every_n_train_steps=2,
+                                               save_top_k=-1, filename="{step}")
+        run = _run(tmp_path / str(lean), lean, callbacks=(at_val, every_2), enable_checkpointing=True)
+        written[lean] = [sorted(p.name for p in (tmp_path / f"{d}{lean}").iterdir()) for d in ("val", "two")]
+    assert written[True] == written[False] == [["step=3.ckpt", "step=6.ckpt"], ["step=2.ckpt", "step=4.ckpt", "step=6.ckpt"]]
+    plan = HookPlan(run["trainer"])
+    assert every_2.on_train_batch_end in plan.callbacks["on_train_batch_end"]
+    assert at_val.on_train_batch_end not in plan.callbacks["on_train_batch_end"]
+
+
 def test_accumulation_takes_lightnings_path(tmp_path: Path) -> None:
     run = _run(tmp_path, True, accumulate_grad_batches=2)
     assert run["lean_batches"] == 0

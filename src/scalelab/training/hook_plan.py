@@ -4,8 +4,9 @@ For each hook of a batch, Lightning's hook calls look up ``trainer.lightning_mod
 strategy), every callback's method, the LightningModule's method and the profiler, at every call:
 about a dozen dispatches a batch, each a handful of property reads. A ``HookPlan`` holds, for
 one trainer, module and list of callbacks, the bound methods that do something, in Lightning's
-order: the callbacks' (those that inherit ``Callback``'s empty method left out), then the
-module's (left out where it is ``ModelHooks``' empty default). ``fire`` calls them with the
+order: the callbacks' (those that inherit ``Callback``'s empty method left out, and a
+checkpoint's per-batch test where it cannot save), then the module's (left out where it is
+``ModelHooks``' empty default). ``fire`` calls them with the
 arguments and the ``_current_fx_name`` Lightning's calls give. ``plan_for`` builds a new plan
 when the trainer's callbacks, module, strategy or profiler change.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytorch_lightning import LightningModule, Trainer
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 from pytorch_lightning.profilers import PassThroughProfiler
 from pytorch_lightning.strategies import SingleDeviceStrategy
@@ -60,6 +62,16 @@ def layers_pass_through(trainer: Trainer, module: LightningModule) -> bool:
             and "optimizer_step" not in module.__dict__)
 
 
+def _idle_checkpoint_hook(callback: Any, name: str) -> bool:
+    """Whether ``name`` is Lightning's ``ModelCheckpoint.on_train_batch_end`` on a checkpoint with
+    no step or time interval (scalelab's default: it saves at validation), which under automatic
+    optimization returns without a change: the step test ``every_n_train_steps < 1`` and the
+    time test are both off. Its settings are read when the plan is built."""
+    return (name == "on_train_batch_end" and isinstance(callback, ModelCheckpoint) and name not in callback.__dict__
+            and type(callback).on_train_batch_end is ModelCheckpoint.on_train_batch_end
+            and callback._every_n_train_steps < 1 and callback._train_time_interval is None)
+
+
 class _AttributeNames:
     """``_current_fx_name`` read and written through the module's own ``__setattr__``."""
 
@@ -88,7 +100,8 @@ class HookPlan:
         module = self.module = trainer.lightning_module
         callbacks = list(trainer.callbacks)
         self.callbacks = {name: tuple(getattr(cb, name) for cb in callbacks
-                                      if name in cb.__dict__ or _class_defines(type(cb), name))
+                                      if (name in cb.__dict__ or _class_defines(type(cb), name))
+                                      and not _idle_checkpoint_hook(cb, name))
                           for name in BATCH_HOOKS}
         self.module_hooks: dict[str, Any] = {}
         for name in BATCH_HOOKS + MODULE_HOOKS:
