@@ -23,6 +23,7 @@ from pytorch_lightning.trainer.connectors.logger_connector.result import (
 
 from scalelab.training.lightning_fixes import (
     _does_nothing,
+    remember_hook_signatures,
     skip_empty_module_hooks,
     skip_inherited_callback_hooks,
     skip_noop_result_moves,
@@ -411,3 +412,44 @@ def test_skipping_module_hooks_applied_twice_wraps_once() -> None:
     first = call._call_lightning_module_hook, call._call_strategy_hook
     skip_empty_module_hooks()
     assert (call._call_lightning_module_hook, call._call_strategy_hook) == first
+
+
+def test_remembered_signatures_answer_as_lightnings_test_and_read_each_function_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
+    from pytorch_lightning.core import module as lightning_module
+    from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
+
+    remember_hook_signatures()
+    remembered = lightning_module.is_param_in_hook_signature
+    module = tiny_module(2)
+
+    def takes_iter(self: Any, dataloader_iter: Any) -> None: ...
+
+    hooks = [module.training_step, takes_iter, lambda self, *rest: None, lambda self: None]
+    questions = [("dataloader_iter", True, None), ("batch_idx", False, 2), ("dataloader_idx", False, None)]
+    reads: list[Any] = []
+    getfullargspec = inspect.getfullargspec
+    monkeypatch.setattr(inspect, "getfullargspec", lambda fn: (reads.append(fn), getfullargspec(fn))[1])
+    for _ in range(3):
+        for hook in hooks:
+            for q in questions:
+                assert remembered(hook, *q) == is_param_in_hook_signature(hook, *q), (hook, q)
+    # Lightning's own test read each signature 3 x 12 times; the remembered one, once per question
+    assert len(reads) == 3 * len(hooks) * len(questions) + len(hooks) * len(questions)
+
+
+def test_logging_without_batch_size_from_a_dataloader_iter_step_is_still_refused(tmp_path: Path) -> None:
+    remember_hook_signatures()
+    module = tiny_module(2)
+
+    class IterStep(type(module)):  # type: ignore[misc]
+        def training_step(self, dataloader_iter: Any) -> Any:  # type: ignore[override]
+            batch, batch_idx, _ = next(dataloader_iter)
+            self.log("x", 1.0)
+            return super().training_step(batch, batch_idx)
+
+    module.__class__ = IterStep
+    with pytest.raises(Exception, match=r"`self.log\(..., batch_size=...\)` should be provided"):
+        cpu_trainer(2, tmp_path, limit_val_batches=0).fit(module, loader(4, 2))

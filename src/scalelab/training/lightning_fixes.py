@@ -37,6 +37,9 @@
 6. ``remember_batch_idx_parameter``: before every batch Lightning reads ``training_step``'s
    signature again (``inspect.getfullargspec``) to decide whether to pass ``batch_idx``.
    ``--only batch_idx``: 1.004-1.024 at a sweep point, 1.07 on the tiny step.
+7. ``remember_hook_signatures``: every ``self.log`` in training reads ``training_step``'s
+   signature again (does it take ``dataloader_iter``?), a third of the ~250 Python calls a
+   ``self.log`` makes; a sweep point logs 11 values every 19 steps.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from __future__ import annotations
 import dis
 import functools
 import logging
+import operator
 import weakref
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -164,11 +169,13 @@ def _gather_would_repeat(connector: _LoggerConnector, results: _ResultCollection
     if last is None:
         return False
     inputs, logged, written = last
-    if len(now) != len(inputs) or not all(a is b for a, b in zip(now, inputs, strict=True)):
+    # map(operator.is_, ...) compares in C: this runs after every batch
+    if len(now) != len(inputs) or not all(map(operator.is_, now, inputs)) or connector._logged_metrics is not logged:
         return False
-    return connector._logged_metrics is logged and all(
-        d is kept and all(d.get(k, _MISSING) is v for k, v in items)
-        for d, (kept, items) in zip(_checked_dicts(connector), written, strict=True))
+    for d, (kept, keys, values) in zip(_checked_dicts(connector), written, strict=True):
+        if d is not kept or not all(map(operator.is_, map(d.get, keys, repeat(_MISSING)), values)):
+            return False
+    return True
 
 
 def end_batch_metrics(connector: _LoggerConnector, results: _ResultCollection) -> None:
@@ -211,7 +218,7 @@ def skip_unchanged_step_metrics() -> None:
             results.batch_size = None
             return None
         original(self)
-        written = tuple((d, tuple(d.items())) for d in _checked_dicts(self))
+        written = tuple((d, tuple(d), tuple(d.values())) for d in _checked_dicts(self))
         self.__dict__.setdefault(_LAST_GATHERS, {})[id(results)] = (inputs, self._logged_metrics, written)
         return None
 
@@ -354,3 +361,35 @@ def remember_batch_idx_parameter() -> None:
 
     setattr(build_kwargs, _MARK, True)
     _TrainingEpochLoop._build_kwargs = build_kwargs  # type: ignore[method-assign]
+
+
+def remember_hook_signatures() -> None:
+    """Make ``self.log`` (which asks whether ``training_step`` takes ``dataloader_iter``) and the
+    evaluation loop (whether a step takes ``batch_idx``) read a hook's signature once per function:
+    Lightning's own test, its answers kept for as long as the function lives. A callable that
+    cannot be kept that way is read each time. Idempotent."""
+    from pytorch_lightning.core import module as lightning_module
+    from pytorch_lightning.loops import evaluation_loop
+
+    original = lightning_module.is_param_in_hook_signature
+    if getattr(original, _MARK, False):
+        return
+    answers: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], bool]] = weakref.WeakKeyDictionary()
+
+    @functools.wraps(original)
+    def remembered(hook_fx: Any, param: str, explicit: bool = False, min_args: int | None = None) -> bool:
+        key = getattr(hook_fx, "__func__", hook_fx)  # a bound method's signature is its function's
+        try:
+            known = answers.get(key)
+            if known is None:
+                known = answers[key] = {}
+        except TypeError:  # not hashable or no weak reference
+            return original(hook_fx, param, explicit, min_args)
+        asked = (param, explicit, min_args)
+        if asked not in known:
+            known[asked] = original(hook_fx, param, explicit, min_args)
+        return known[asked]
+
+    setattr(remembered, _MARK, True)
+    lightning_module.is_param_in_hook_signature = remembered
+    evaluation_loop.is_param_in_hook_signature = remembered

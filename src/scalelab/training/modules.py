@@ -37,6 +37,7 @@ from scalelab.training.lean_optimization import lean_automatic_optimization
 from scalelab.training.lightning_fixes import (
     fit_logs_this_step,
     remember_batch_idx_parameter,
+    remember_hook_signatures,
     skip_empty_module_hooks,
     skip_inherited_callback_hooks,
     skip_noop_batch_transfer,
@@ -134,6 +135,7 @@ class LMModule(pl.LightningModule):
         lean_training_batch()  # the loop's own layers and lookups around each batch
         skip_noop_batch_transfer()  # four hook lookups and a new dict for a batch already there
         remember_batch_idx_parameter()  # training_step's signature, read at every batch
+        remember_hook_signatures()  # and at every self.log
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
