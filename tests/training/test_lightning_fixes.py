@@ -5,6 +5,7 @@ gather is skipped only when it would write what the dicts hold already."""
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 from typing import Any
 
@@ -423,11 +424,13 @@ def test_remembered_signatures_answer_as_lightnings_test_and_read_each_function_
 
     remember_hook_signatures()
     remembered = lightning_module.is_param_in_hook_signature
-    module = tiny_module(2)
+
+    def step(self: Any, batch: Any, batch_idx: int) -> None: ...
 
     def takes_iter(self: Any, dataloader_iter: Any) -> None: ...
 
-    hooks = [module.training_step, takes_iter, lambda self, *rest: None, lambda self: None]
+    # functions made here, so no earlier test has asked about them; a bound method among them
+    hooks = [types.MethodType(step, object()), takes_iter, lambda self, *rest: None, lambda self: None]
     questions = [("dataloader_iter", True, None), ("batch_idx", False, 2), ("dataloader_idx", False, None)]
     reads: list[Any] = []
     getfullargspec = inspect.getfullargspec
