@@ -5,6 +5,7 @@ path. ``_run`` (test_lean_optimization.py) traces both and counts the batches ta
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,27 @@ def test_checkpoints_are_written_at_the_steps_lightnings_are(tmp_path: Path) -> 
     plan = HookPlan(run["trainer"])
     assert every_2.on_train_batch_end in plan.callbacks["on_train_batch_end"]
     assert at_val.on_train_batch_end not in plan.callbacks["on_train_batch_end"]
+
+
+class Endless(torch.utils.data.IterableDataset):
+    """An iterable with no length: Lightning cannot know an epoch's last batch in advance."""
+
+    def __iter__(self) -> Any:
+        while True:
+            yield from loader(4, 2)
+
+
+@pytest.mark.parametrize("schedule", [
+    {"val_check_interval": 4, "check_val_every_n_epoch": None, "max_epochs": 3, "max_steps": 10},  # across epochs
+    {"val_check_interval": 1.0, "limit_train_batches": 4, "endless": True},  # every limit_train_batches
+    {"val_check_interval": 3, "check_val_every_n_epoch": None, "endless": True},
+    {"val_check_interval": timedelta(seconds=0), "check_val_every_n_epoch": None},  # a time interval
+], ids=["total_batches", "limit_train_batches", "endless", "time"])
+def test_validation_runs_at_lightnings_batches(tmp_path: Path, schedule: dict[str, Any]) -> None:
+    kw = dict(schedule)
+    train = DataLoader(Endless(), batch_size=None) if kw.pop("endless", False) else loader(12, 2)
+    lean, _ = _both(tmp_path, train=train, steps=kw.get("max_steps", STEPS), **kw)
+    assert any(hook == "on_validation_start" for _, hook, _ in lean["seen"])
 
 
 def test_accumulation_takes_lightnings_path(tmp_path: Path) -> None:

@@ -89,8 +89,9 @@ def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, optimizer: A
         def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, out: Any, *a: Any) -> None:
             outputs.append(float(out["loss"]) if out else float("nan"))
 
+    trainer_kw = {"val_check_interval": 3, "limit_val_batches": 1, "gradient_clip_val": 0.05, **trainer_kw}
     trainer = cpu_trainer(trainer_kw.pop("max_steps", STEPS), tmp_path, callbacks=[Recorder(seen), Outputs(), *callbacks],
-                          logger=logger, val_check_interval=3, limit_val_batches=1, gradient_clip_val=0.05, **trainer_kw)
+                          logger=logger, **trainer_kw)
     fast_run = _AutomaticOptimization.run
     fast_transfer = pl.LightningModule._apply_batch_transfer_handler
     fast_advance, fast_end = _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end

@@ -100,6 +100,24 @@ def _advance(loop: _TrainingEpochLoop, data_fetcher: _DataFetcher, plan: HookPla
         connector.log_metrics(connector.metrics["log"])
 
 
+def _cannot_validate(loop: _TrainingEpochLoop) -> bool:
+    """True only where ``loop._should_check_val_fx`` would be False: not the epoch's last batch,
+    no stop request, no time interval, and not a validation batch by count (Lightning's test,
+    in its order, from there on). It skips what that test reads first, ``trainer.enable_validation``
+    (a dozen calls); what it cannot rule out is left to Lightning's test."""
+    trainer = loop.trainer
+    if loop.batch_progress.is_last_batch or trainer.should_stop \
+            or getattr(trainer, "_val_check_time_interval", None) is not None:
+        return False
+    every, limit = trainer.val_check_batch, trainer.limit_train_batches
+    if every == float("inf"):
+        return not (isinstance(limit, int) and (loop.batch_idx + 1) % limit == 0)
+    if every is None:
+        return False
+    iteration = loop.total_batch_idx if trainer.check_val_every_n_epoch is None else loop.batch_idx
+    return (iteration + 1) % every != 0
+
+
 def _end_without_validation(loop: _TrainingEpochLoop) -> None:
     """``_TrainingEpochLoop.on_advance_end`` for a batch that does not validate, with no plateau
     scheduler (whose update would come here) and one optimizer step a batch."""
@@ -131,7 +149,8 @@ def lean_training_batch() -> None:
         lean = self.__dict__.pop(_LEAN_BATCH, None) is not None
         trainer = self.trainer
         if not lean or self._skip_next_val or trainer.accumulate_grad_batches != 1 or any(
-                c.reduce_on_plateau for c in trainer.lr_scheduler_configs) or self._should_check_val_fx(data_fetcher):
+                c.reduce_on_plateau for c in trainer.lr_scheduler_configs) or not (
+                _cannot_validate(self) or not self._should_check_val_fx(data_fetcher)):
             return on_advance_end(self, data_fetcher)
         return _end_without_validation(self)
 
