@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 from scalelab.training.hook_plan import FX, HookPlan
@@ -127,6 +128,31 @@ def test_a_fit_a_callback_stops_ends_as_lightnings_does(tmp_path: Path) -> None:
 
     lean, _ = _both(tmp_path, module_setup=setup, callbacks=(StopsAtStep(4),), log_every_n_steps=5, steps=4)
     assert [row["batch_idx"] for _, row in lean["rows"] if "batch_idx" in row] == [3.0]
+
+
+class Sigterm(pl.Callback):
+    """Flags a SIGTERM at the end of step 4 (as Lightning's handler flags it) and records the
+    step the fit stopped at."""
+
+    def __init__(self) -> None:
+        self.stopped_at: int | None = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *a: Any) -> None:
+        if trainer.global_step == 4:
+            trainer._signal_connector.received_sigterm = True
+
+    def on_exception(self, trainer: pl.Trainer, module: pl.LightningModule, exception: BaseException) -> None:
+        self.stopped_at = trainer.global_step
+
+
+def test_a_sigterm_ends_the_fit_after_its_batch_as_lightnings_does(tmp_path: Path) -> None:
+    stopped = {}
+    for lean in (True, False):
+        sigterm = Sigterm()
+        with pytest.raises(SIGTERMException):
+            _run(tmp_path / str(lean), lean, callbacks=(sigterm,))
+        stopped[lean] = sigterm.stopped_at
+    assert stopped[True] == stopped[False] == 4
 
 
 class AddsACallback(pl.Callback):

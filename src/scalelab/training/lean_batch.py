@@ -18,6 +18,7 @@ path.
 from __future__ import annotations
 
 import functools
+import operator
 from collections import OrderedDict
 from typing import Any
 
@@ -33,6 +34,7 @@ from scalelab.training.lightning_fixes import end_batch_metrics, fit_logs_this_s
 
 _MARK = "_scalelab_lean"
 _LEAN_BATCH = "_scalelab_lean_batch"  # this batch's plan, from advance to on_advance_end
+_ON_PLATEAU = operator.attrgetter("reduce_on_plateau")
 
 
 def _lean(loop: _TrainingEpochLoop, data_fetcher: _DataFetcher) -> HookPlan | None:
@@ -126,7 +128,7 @@ def _end_without_validation(loop: _TrainingEpochLoop) -> None:
     if trainer.should_stop:  # _save_loggers_on_train_batch_end
         for logger in trainer.loggers:
             logger.save()
-    if not loop._is_training_done and trainer.received_sigterm:
+    if trainer.received_sigterm and not loop._is_training_done:  # the flag first: it is read every batch
         raise SIGTERMException
 
 
@@ -149,7 +151,7 @@ def lean_training_batch() -> None:
         lean = self.__dict__.pop(_LEAN_BATCH, None) is not None
         trainer = self.trainer
         if not lean or self._skip_next_val or trainer.accumulate_grad_batches != 1 or any(
-                c.reduce_on_plateau for c in trainer.lr_scheduler_configs) or not (
+                map(_ON_PLATEAU, trainer.lr_scheduler_configs)) or not (
                 _cannot_validate(self) or not self._should_check_val_fx(data_fetcher)):
             return on_advance_end(self, data_fetcher)
         return _end_without_validation(self)
