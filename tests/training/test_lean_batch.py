@@ -271,3 +271,15 @@ def test_every_batch_of_a_plain_fit_is_lean(tmp_path: Path, precision: str) -> N
     lean, _ = _both(tmp_path, precision=precision, log_every_n_steps=2)
     assert lean["lean_batches"] == STEPS
     assert [step for step, _ in lean["rows"]] == [step for step, _ in _["rows"]]
+
+
+def test_a_hook_replaced_between_two_fits_of_one_trainer_is_called_in_the_second(tmp_path: Path) -> None:
+    calls: list[str] = []
+    late = Late()
+    module = tiny_module(4)
+    trainer = cpu_trainer(2, tmp_path, callbacks=[late], limit_val_batches=0)
+    trainer.fit(module, loader(8, 2))
+    late.on_before_backward = lambda *a: calls.append("replaced")  # type: ignore[method-assign]
+    trainer.fit_loop.epoch_loop.max_steps = 4
+    trainer.fit(module, loader(8, 2))
+    assert late.steps == [0, 1] and calls == ["replaced", "replaced"]

@@ -8,7 +8,9 @@ order: the callbacks' (those that inherit ``Callback``'s empty method left out, 
 checkpoint's per-batch test where it cannot save), then the module's (left out where it is
 ``ModelHooks``' empty default). ``fire`` calls them with the
 arguments and the ``_current_fx_name`` Lightning's calls give. ``plan_for`` builds a new plan
-when the trainer's callbacks, module, strategy or profiler change.
+at each fit and when the trainer's callbacks, module, strategy or profiler change; a hook method
+replaced on a callback or the module while a fit runs is called from the next fit on (Lightning
+looks it up at each call).
 """
 
 from __future__ import annotations
@@ -115,12 +117,14 @@ class HookPlan:
         self.before_transfer = (source.on_before_batch_transfer, source is module)
         self.device = trainer.strategy.root_device
         self.transfer_is_noop = transfer_hooks_are_lightnings(module, selector.datamodule)
-        self._seen = (callbacks, module, trainer.strategy, trainer.profiler)
+        # the selector is made anew at each fit: a plan lasts one fit at most
+        self._seen = (callbacks, module, trainer.strategy, trainer.profiler, selector)
 
     def holds_for(self, trainer: Trainer) -> bool:
-        callbacks, module, strategy, profiler = self._seen
+        callbacks, module, strategy, profiler, selector = self._seen
         return (trainer.callbacks == callbacks and trainer.strategy is strategy
-                and strategy._lightning_module is module and trainer.profiler is profiler)
+                and strategy._lightning_module is module and trainer.profiler is profiler
+                and trainer._data_connector._datahook_selector is selector)
 
     def fire(self, name: str, *args: Any) -> Any:
         """Lightning's callback-hook call, then its module-hook call, of ``name``. Returns the
