@@ -2,17 +2,18 @@
 
 ``_TrainingEpochLoop.advance`` and ``on_advance_end`` run once a batch. Around the step itself
 they check for a restart, a distributed stop signal, a ``dataloader_iter`` step, a skipped epoch
-and plateau schedulers, dispatch five hook calls through the strategy, the trainer's properties and
-the profiler, and read the lr schedulers' settings three times. On a sweep point's step
-(2.8 ms, a 5,772-parameter model) that was ~0.5k Python calls a batch beyond a hand loop's, and
-Lightning's steps took 1.13x the hand loop's time (``python -m benchmarks.loop_overhead``).
+and plateau schedulers, dispatch the hook calls through the strategy, the trainer's properties and
+the profiler, read the lr schedulers' settings three times and test for validation from scratch.
+At a sweep point (a 2.8 ms step, 5,772 parameters) that was ~500 Python calls a batch beyond a
+hand loop's 410, and Lightning's steps took 1.14x the hand loop's time.
 
-Where every layer is Lightning's own and passes the call on (``lean_optimization._passes_through``),
-the fetcher is Lightning's prefetching one and the loop is not restarting, ``lean_training_batch`` makes the
-calls of a batch in Lightning's order through a ``HookPlan``: the same hooks with the same
-arguments and ``_current_fx_name``, the same progress counters, schedulers, logged rows and
-validation steps. A batch that validates, a plateau scheduler and anything else take Lightning's
-path.
+Where every layer is Lightning's own and passes the call on (``hook_plan.layers_pass_through``, no
+gradient accumulation), the fetcher is Lightning's prefetching one and the loop is not restarting,
+``lean_training_batch`` makes the calls of a batch in Lightning's order through a ``HookPlan``: the
+same hooks with the same arguments and ``_current_fx_name``, the same progress counters,
+schedulers, logged rows and validation batches. A batch that validates, a plateau scheduler and
+anything else take Lightning's path. With it (and the shortcuts of 1dcc8d8 and 03e3932), ``python
+-m benchmarks.loop_overhead``: 1.14 -> 1.07 (docs/performance.md, twenty-fifth session).
 """
 
 from __future__ import annotations
