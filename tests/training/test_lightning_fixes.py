@@ -24,6 +24,7 @@ from pytorch_lightning.trainer.connectors.logger_connector.result import (
 
 from scalelab.training.lightning_fixes import (
     _does_nothing,
+    find_training_results_directly,
     remember_hook_signatures,
     skip_empty_module_hooks,
     skip_inherited_callback_hooks,
@@ -456,3 +457,32 @@ def test_logging_without_batch_size_from_a_dataloader_iter_step_is_still_refused
     module.__class__ = IterStep
     with pytest.raises(Exception, match=r"`self.log\(..., batch_size=...\)` should be provided"):
         cpu_trainer(2, tmp_path, limit_val_batches=0).fit(module, loader(4, 2))
+
+
+class _ResultsWatch(pl.Callback):
+    """Records, in each stage, whether ``trainer._results`` is what Lightning's property gives."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, bool]] = []
+
+    def _check(self, trainer: pl.Trainer, where: str) -> None:
+        lightnings = type(trainer)._results.fget.__wrapped__(trainer)
+        self.seen.append((where, trainer._results is lightnings and lightnings is not None))
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *a: Any) -> None:
+        self._check(trainer, "train")
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, *a: Any) -> None:
+        self._check(trainer, "validate")
+
+
+def test_the_trainers_results_are_lightnings_in_every_stage(tmp_path: Path) -> None:
+    find_training_results_directly()
+    watch = _ResultsWatch()
+    trainer = cpu_trainer(4, tmp_path, callbacks=[watch], val_check_interval=2, limit_val_batches=1)
+    module = tiny_module(4)
+    trainer.fit(module, loader(8, 2), loader(2, 2))
+    trainer.validate(module, loader(2, 2))
+    assert {where for where, _ in watch.seen} == {"train", "validate"}
+    assert all(same for _, same in watch.seen)
+    assert trainer._results is None  # outside any loop, as Lightning's

@@ -35,6 +35,7 @@ from scalelab.training.hook_plan import plain_setattr
 from scalelab.training.lean_batch import lean_training_batch
 from scalelab.training.lean_optimization import lean_automatic_optimization
 from scalelab.training.lightning_fixes import (
+    find_training_results_directly,
     fit_logs_this_step,
     remember_batch_idx_parameter,
     remember_hook_signatures,
@@ -136,6 +137,7 @@ class LMModule(pl.LightningModule):
         skip_noop_batch_transfer()  # four hook lookups and a new dict for a batch already there
         remember_batch_idx_parameter()  # training_step's signature, read at every batch
         remember_hook_signatures()  # and at every self.log
+        find_training_results_directly()  # which also finds its results through two properties
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
