@@ -21,17 +21,14 @@ from __future__ import annotations
 import functools
 import operator
 from collections import OrderedDict
-from typing import Any
 
 from pytorch_lightning.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
-from pytorch_lightning.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
-from pytorch_lightning.trainer.connectors.logger_connector.result import _ResultCollection
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from scalelab.training.hook_plan import HookPlan, plan_for
 from scalelab.training.lean_optimization import _passes_through, _step
-from scalelab.training.lightning_fixes import end_batch_metrics, fit_logs_this_step
+from scalelab.training.lightning_fixes import fit_logs_this_step
 
 _MARK = "_scalelab_lean"
 _LEAN_BATCH = "_scalelab_lean_batch"  # this batch's plan, from advance to on_advance_end
@@ -58,16 +55,6 @@ def _step_schedulers(loop: _TrainingEpochLoop, plan: HookPlan, batch_number: int
             loop.scheduler_progress.increment_completed()
 
 
-def _batch_start(connector: _LoggerConnector, results: _ResultCollection, batch: Any) -> None:
-    """``_LoggerConnector.on_batch_start(batch)``, where ``results`` is the training loop's, which
-    ``trainer._results`` finds through the trainer's state while it trains."""
-    first = connector._first_loop_iter
-    connector._first_loop_iter = True if first is None else False if first is True else first
-    results.batch = batch
-    results.batch_size = None
-    results.dataloader_idx = None
-
-
 def _advance(loop: _TrainingEpochLoop, data_fetcher: _DataFetcher, plan: HookPlan) -> None:
     """``_TrainingEpochLoop.advance`` for a batch that ``_lean`` admits."""
     trainer, progress = loop.trainer, loop.batch_progress
@@ -79,7 +66,7 @@ def _advance(loop: _TrainingEpochLoop, data_fetcher: _DataFetcher, plan: HookPla
     batch = plan.to_device(batch)  # the precision plugin's convert_input passes it on
     progress.increment_ready()
     connector = trainer._logger_connector
-    _batch_start(connector, loop._results, batch)
+    connector.on_batch_start(batch)
     output, ends_epoch = None, False
     if batch is None:
         loop._warning_cache.warn("train_dataloader yielded None. If this was on purpose, ignore this warning...")
@@ -97,7 +84,7 @@ def _advance(loop: _TrainingEpochLoop, data_fetcher: _DataFetcher, plan: HookPla
     if ends_epoch:
         raise StopIteration
     plan.fire("on_train_batch_end", output, batch, batch_idx)
-    end_batch_metrics(connector, loop._results)
+    connector.on_batch_end()
     progress.increment_completed()
     if fit_logs_this_step(trainer) or trainer.fast_dev_run:  # update_train_step_metrics
         connector.log_metrics(connector.metrics["log"])

@@ -36,10 +36,10 @@ from scalelab.training.hook_plan import FX, HookPlan, plan_for
 _MARK = "_scalelab_lean"
 
 
-def _passes_through(loop: _AutomaticOptimization, plan: HookPlan | None) -> bool:
-    """Whether every layer between the loop and ``optimizer.step`` is Lightning's own and so
-    only passes the call on (the module docstring lists them): ``plan_for`` gave a plan."""
-    return plan is not None and not loop._skip_backward and loop.trainer.accumulate_grad_batches == 1
+def _passes_through(loop: _AutomaticOptimization, plan: HookPlan) -> bool:
+    """Whether every layer between the loop and ``optimizer.step`` only passes the call on (the
+    module docstring lists them), given that ``plan_for`` gave a plan (the layers are Lightning's own)."""
+    return not loop._skip_backward and loop.trainer.accumulate_grad_batches == 1
 
 
 def _step(loop: _AutomaticOptimization, optimizer: torch.optim.Optimizer, batch_idx: int,

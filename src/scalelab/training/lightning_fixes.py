@@ -180,18 +180,6 @@ def _gather_would_repeat(connector: _LoggerConnector, results: _ResultCollection
     return True
 
 
-def end_batch_metrics(connector: _LoggerConnector, results: _ResultCollection) -> None:
-    """``connector.on_batch_end()`` where ``results`` is ``trainer._results`` and a batch is
-    under way: the gather skipped, as ``skip_unchanged_step_metrics`` skips it, when it would
-    write what it wrote last."""
-    if getattr(type(connector).on_batch_end, _MARK, False) and _gather_would_repeat(
-            connector, results, _gather_inputs(results)):
-        results.batch = None
-        results.batch_size = None
-    else:
-        connector.on_batch_end()
-
-
 def fit_logs_this_step(trainer: Any) -> bool:
     """``_LoggerConnector.should_update_logs`` in a training batch, where the fit loop is the
     active loop, without finding the active loop through the trainer's state."""
