@@ -141,6 +141,7 @@ def _fix_switch(which: str) -> Any:
     """set(on): scalelab's per-step shortcuts (``which``: FIXES names, comma-separated, or all) on or off
     (Lightning's originals)."""
     from pytorch_lightning import LightningModule
+    from pytorch_lightning.loops import training_epoch_loop
     from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
     from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
     from pytorch_lightning.trainer import call
@@ -153,7 +154,7 @@ def _fix_switch(which: str) -> Any:
     from scalelab.training.lean_batch import lean_training_batch
     from scalelab.training.lean_optimization import lean_automatic_optimization
     from scalelab.training.lightning_fixes import (
-        remember_batch_idx_parameter,
+        remember_hook_signatures,
         skip_empty_module_hooks,
         skip_inherited_callback_hooks,
         skip_noop_batch_transfer,
@@ -166,11 +167,11 @@ def _fix_switch(which: str) -> Any:
     skip_empty_module_hooks()
     lean_automatic_optimization()
     skip_noop_batch_transfer()
-    remember_batch_idx_parameter()
+    remember_hook_signatures()
     lean_training_batch()
     fast_advance, fast_advance_end = _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end
     fast_run, fast_transfer = _AutomaticOptimization.run, LightningModule._apply_batch_transfer_handler
-    fast_kwargs = _TrainingEpochLoop._build_kwargs
+    fast_signature = training_epoch_loop.is_param_in_hook_signature
     fast, fast_setattr, fast_end = call._call_callback_hooks, LMModule.__setattr__, _LoggerConnector.on_batch_end
     fast_module, fast_strategy = call._call_lightning_module_hook, call._call_strategy_hook
     switched = set(FIXES) if which == "all" else set(which.split(","))
@@ -192,8 +193,8 @@ def _fix_switch(which: str) -> Any:
         if "batch_transfer" in switched:
             LightningModule._apply_batch_transfer_handler = (  # type: ignore[method-assign]
                 fast_transfer if on else fast_transfer.__wrapped__)
-        if "batch_idx" in switched:
-            _TrainingEpochLoop._build_kwargs = fast_kwargs if on else fast_kwargs.__wrapped__  # type: ignore[method-assign]
+        if "batch_idx" in switched:  # the training loop's signature test
+            training_epoch_loop.is_param_in_hook_signature = fast_signature if on else fast_signature.__wrapped__
         # the lean batch calls the hooks and the step itself, past the others: the others
         # switched without it run on Lightning's own batch
         lean = on and "lean_batch" in switched

@@ -21,7 +21,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from scalelab.training import lean_batch
 from scalelab.training.lean_batch import lean_training_batch
 from scalelab.training.lean_optimization import lean_automatic_optimization
-from scalelab.training.lightning_fixes import remember_batch_idx_parameter, skip_noop_batch_transfer
+from scalelab.training.lightning_fixes import remember_hook_signatures, skip_noop_batch_transfer
 
 from .conftest import cpu_trainer
 from .test_callbacks import loader, tiny_module
@@ -249,7 +249,7 @@ def test_applying_the_shortcuts_twice_wraps_once() -> None:
 
 @pytest.mark.parametrize("takes_batch_idx", [True, False])
 def test_batch_idx_is_passed_as_the_training_step_asks(tmp_path: Path, takes_batch_idx: bool) -> None:
-    remember_batch_idx_parameter()
+    remember_hook_signatures()
     module, got = tiny_module(3), []
     step = module.training_step
     if takes_batch_idx:

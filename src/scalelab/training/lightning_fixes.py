@@ -34,13 +34,12 @@
    CPU batch is. ``step_parts --ab-fixes --only batch_transfer``: off/on 0.997-1.017 at a sweep
    point (4 runs), 1.06-1.17 on a tiny step (d 4, 1 layer, 1 x 8 tokens), where Lightning's
    share is largest.
-6. ``remember_batch_idx_parameter``: before every batch Lightning reads ``training_step``'s
-   signature again (``inspect.getfullargspec``) to decide whether to pass ``batch_idx``.
-   ``--only batch_idx``: 1.004-1.024 at a sweep point, 1.07 on the tiny step.
-7. ``remember_hook_signatures``: every ``self.log`` in training reads ``training_step``'s
-   signature again (does it take ``dataloader_iter``?), a third of the ~250 Python calls a
-   ``self.log`` makes; a sweep point logs 11 values every 19 steps.
-8. ``find_training_results_directly``: ``trainer._results`` (read by every ``self.log``) walks
+6. ``remember_hook_signatures``: before every batch Lightning reads ``training_step``'s
+   signature again (``inspect.getfullargspec``) to decide whether to pass ``batch_idx``
+   (``--only batch_idx``: 1.004-1.024 at a sweep point, 1.07 on the tiny step), and every
+   ``self.log`` in training reads it again (does it take ``dataloader_iter``?), a third of the
+   ~250 Python calls a ``self.log`` makes; a sweep point logs 11 values every 19 steps.
+7. ``find_training_results_directly``: ``trainer._results`` (read by every ``self.log``) walks
    two properties that compare the trainer's stage as a string.
 """
 
@@ -56,7 +55,6 @@ from typing import Any
 
 import torch
 from pytorch_lightning import Callback, LightningDataModule, LightningModule
-from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.profilers import PassThroughProfiler
 from pytorch_lightning.trainer import call
 from pytorch_lightning.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
@@ -64,7 +62,6 @@ from pytorch_lightning.trainer.connectors.logger_connector.result import (
     _ResultCollection,
     _ResultMetric,
 )
-from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 
 _MARK = "_scalelab_fix_applied"
 log = logging.getLogger(call.__name__)  # the logger Lightning's own hook calls write to
@@ -324,42 +321,13 @@ def skip_noop_batch_transfer() -> None:
     LightningModule._apply_batch_transfer_handler = apply  # type: ignore[method-assign]
 
 
-def remember_batch_idx_parameter() -> None:
-    """Make Lightning's training loop read whether ``training_step`` takes ``batch_idx`` once per
-    function rather than at every batch: the answer (Lightning's own test) is kept for as long
-    as the function lives. A callable that cannot be kept that way takes Lightning's path.
-    Idempotent."""
-    original = _TrainingEpochLoop._build_kwargs
-    if getattr(original, _MARK, False):
-        return
-    takes: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-
-    @functools.wraps(original)
-    def build_kwargs(self: _TrainingEpochLoop, kwargs: Any, batch: Any, batch_idx: int) -> Any:
-        step = self.trainer.lightning_module.training_step
-        key = getattr(step, "__func__", step)  # a bound method's answer is its function's
-        try:
-            known = takes.get(key)
-            if known is None:
-                known = takes[key] = is_param_in_hook_signature(step, "batch_idx", min_args=2)
-        except TypeError:  # not hashable or no weak reference
-            return original(self, kwargs, batch, batch_idx)
-        kwargs["batch"] = batch
-        if known:
-            kwargs["batch_idx"] = batch_idx
-        return kwargs
-
-    setattr(build_kwargs, _MARK, True)
-    _TrainingEpochLoop._build_kwargs = build_kwargs  # type: ignore[method-assign]
-
-
 def remember_hook_signatures() -> None:
-    """Make ``self.log`` (which asks whether ``training_step`` takes ``dataloader_iter``) and the
-    evaluation loop (whether a step takes ``batch_idx``) read a hook's signature once per function:
+    """Make the training and evaluation loops (does the step take ``batch_idx``?) and ``self.log``
+    (does ``training_step`` take ``dataloader_iter``?) read a hook's signature once per function:
     Lightning's own test, its answers kept for as long as the function lives. A callable that
     cannot be kept that way is read each time. Idempotent."""
     from pytorch_lightning.core import module as lightning_module
-    from pytorch_lightning.loops import evaluation_loop
+    from pytorch_lightning.loops import evaluation_loop, training_epoch_loop
 
     original = lightning_module.is_param_in_hook_signature
     if getattr(original, _MARK, False):
@@ -381,8 +349,8 @@ def remember_hook_signatures() -> None:
         return known[asked]
 
     setattr(remembered, _MARK, True)
-    lightning_module.is_param_in_hook_signature = remembered
-    evaluation_loop.is_param_in_hook_signature = remembered
+    for user in (lightning_module, evaluation_loop, training_epoch_loop):
+        user.is_param_in_hook_signature = remembered
 
 
 def find_training_results_directly() -> None:

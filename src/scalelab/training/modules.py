@@ -37,7 +37,6 @@ from scalelab.training.lean_optimization import lean_automatic_optimization
 from scalelab.training.lightning_fixes import (
     find_training_results_directly,
     fit_logs_this_step,
-    remember_batch_idx_parameter,
     remember_hook_signatures,
     skip_empty_module_hooks,
     skip_inherited_callback_hooks,
@@ -135,8 +134,7 @@ class LMModule(pl.LightningModule):
         lean_automatic_optimization()  # five layers that pass each optimizer step along
         lean_training_batch()  # the loop's own layers and lookups around each batch
         skip_noop_batch_transfer()  # four hook lookups and a new dict for a batch already there
-        remember_batch_idx_parameter()  # training_step's signature, read at every batch
-        remember_hook_signatures()  # and at every self.log
+        remember_hook_signatures()  # training_step's signature, read at every batch and self.log
         find_training_results_directly()  # which also finds its results through two properties
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
