@@ -53,9 +53,10 @@ def _one_rank_child_per_job(work: Path, jobs: int) -> list[list[str]]:
 def test_ddp_two_cpu_processes_one_run_same_loss(single_run: Path, tmp_path: Path,
                                                   data_file: Path, data_cache: Path):
     work = tmp_path / "ddp"
-    run(train_cmd(*tiny_args(work, data_file, data_cache, STEPS), *DDP2, "run_name=ddp2"), work)
+    p = run(train_cmd(*tiny_args(work, data_file, data_cache, STEPS), *DDP2, "run_name=ddp2"), work)
 
     (folder,) = run_folders(work)  # exactly one output folder
+    assert "local rank 1" not in p.stdout + p.stderr  # rank 1 exited 0 (release_distributed)
     assert len(list(work.rglob(".hydra"))) == 1
     assert (folder / "train_rank1.log").is_file()  # rank 1 ran inside the same folder
     (r,) = runs(work)  # exactly one MLflow run

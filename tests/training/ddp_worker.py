@@ -36,3 +36,7 @@ if __name__ == "__main__":
         "rank": trainer.global_rank, "world": trainer.world_size, "tokens_seen": module.tokens_seen,
         "val": module.last_val, "sample": module.last_sample, "perf": perf,
     }))
+    # As the platform's ranks do at the end of a job (distributed.release_distributed): a group
+    # left to the interpreter's exit can abort the process ("terminate called without an active
+    # exception") after its work is done.
+    torch.distributed.destroy_process_group()

@@ -21,6 +21,7 @@ before building a new strategy, as a safety net).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import time
@@ -41,6 +42,7 @@ ChildCommand = Callable[[int], tuple[Sequence[str], str | None]]
 _LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 _saved_env: dict[str, str | None] | None = None
 _children: list[subprocess.Popen] = []
+log = logging.getLogger("scalelab.train")
 
 
 class HydraAwareLauncher(_SubprocessScriptLauncher):
@@ -132,29 +134,43 @@ def tag_original_ndim(module: torch.nn.Module) -> None:
 
 
 def release_distributed(wait_s: float = 120.0) -> None:
-    """End of a job: wait for the ranks we started, drop the process group, restore the env.
+    """End of a job, on every rank: where this process launched ranks, wait for them and say
+    which failed; drop the process group; restore the env the launcher changed.
 
-    A no-op unless this process launched ranks (so safe to call always).
+    Safe to call always. Every rank drops its group: one left to the interpreter's exit is torn
+    down while gloo's threads may still run, which can abort the process after its work is done.
+    The launcher drops its group only once its ranks have ended, so none loses a peer mid-call.
     """
     global _saved_env
-    if _saved_env is None:
-        return
-    deadline = time.monotonic() + wait_s
-    for proc in _children:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    _children.clear()
+    if _saved_env is not None:
+        _wait_for_children(wait_s)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    if _saved_env is None:
+        return
     for key, value in _saved_env.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
     _saved_env = None
+
+
+def _wait_for_children(wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    for local_rank, proc in enumerate(_children, start=1):
+        try:
+            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("local rank %d still ran %.0f s after this one ended: killed it",
+                        local_rank, wait_s)
+            proc.kill()
+            proc.wait()
+            continue
+        if code:
+            log.warning("local rank %d exited with code %d: see its *_rank%d.log in the run folder",
+                        local_rank, code, local_rank)
+    _children.clear()
 
 
 # --- building the strategy ------------------------------------------------------------------
