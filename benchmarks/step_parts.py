@@ -69,7 +69,7 @@ def _wrap_pieces(acc: Counter, on: list[bool]) -> None:
 
     from scalelab.training.modules import LMModule
 
-    for owner, name, key in [(LMModule, "_train_loss_sum", "forward+loss"),
+    for owner, name, key in [(LMModule, "_train_loss", "forward+loss"),
                              (torch.Tensor, "backward", "backward"),
                              (LMModule, "configure_gradient_clipping", "clipping"),
                              (torch.optim.Optimizer, "zero_grad", "zero_grad"),

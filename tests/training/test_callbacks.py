@@ -133,10 +133,9 @@ def test_compile_switch_keeps_checkpoint_keys() -> None:
     # training ran forward + cross-entropy as one compiled graph; it computes the eager loss
     assert module._compiled_loss is not None
     batch = next(iter(loader(4, 4)))
-    compiled_sum, compiled_n = module._train_loss_sum(batch)
     eager_sum, eager_n = module.token_loss_sum(module.model(batch["input_ids"]), batch["labels"])
-    assert int(compiled_n) == int(eager_n) > 0
-    torch.testing.assert_close(compiled_sum, eager_sum, rtol=1e-5, atol=1e-4)
+    assert int(eager_n) > 0
+    torch.testing.assert_close(module._train_loss(batch), eager_sum / eager_n, rtol=1e-5, atol=1e-6)
     # validation runs eager: compiling its no-grad graph costs more than it saves
     from torch._dynamo.utils import counters
 

@@ -121,3 +121,37 @@ def test_val_metrics_are_token_weighted() -> None:
     metrics = module.val_metrics(sums)
     assert sums["tokens"] == n == 19
     assert metrics["val/loss"] == pytest.approx(total / n, rel=1e-5)
+
+
+def _train_batches(objective: str, prep: PreparedData) -> tuple[object, list[dict[str, torch.Tensor]]]:
+    if objective == "seq2seq":
+        dm = Seq2SeqDataModule(DataConfig(name="synthetic_seq2seq", task="reverse", n_train=64,
+                                          n_val=8, min_len=1, max_len=5, seed=0), batch_size=8, seed=0)
+        cfg = ModelConfig(arch="encoder_decoder", vocab_size=dm.vocab_size, max_seq_len=8,
+                          d_model=16, n_layers=1, n_heads=2)
+        module = Seq2Seq(cfg, total_steps=5, tokenizer=dm.tokenizer)
+    else:
+        kind = CausalLMDataModule if objective == "causal" else MaskedLMDataModule
+        dm = kind(prep, block_size=16, batch_size=4, seed=0, val_batches=1)
+        cfg = ModelConfig(arch="decoder" if objective == "causal" else "encoder",
+                          vocab_size=prep.vocab_size, max_seq_len=16, d_model=16, n_layers=1, n_heads=2)
+        module = (CausalLM if objective == "causal" else MaskedLM)(cfg, total_steps=5)
+    dm.setup("fit")
+    it = iter(dm.train_dataloader())
+    return module, [next(it) for _ in range(3)]
+
+
+@pytest.mark.parametrize("objective", ["causal", "mlm", "seq2seq"])
+def test_the_training_loss_is_the_mean_over_scored_tokens(objective: str,
+                                                          shakespeare_char: PreparedData) -> None:
+    module, batches = _train_batches(objective, shakespeare_char)
+    for b in batches:
+        scored = b["labels"] != -100
+        # The causal LM takes cross-entropy's own mean on the premise that all its labels count.
+        assert module.every_label_scored == bool(scored.all()) == (objective == "causal")
+        logits = module(b)
+        want = torch.nn.functional.cross_entropy(logits[scored].float(), b["labels"][scored])
+        torch.testing.assert_close(module.training_step(b, 0), want, rtol=1e-6, atol=1e-6)
+    if objective != "causal":  # a batch with nothing scored trains on a loss of 0, not NaN
+        b = {**batches[0], "labels": torch.full_like(batches[0]["labels"], -100)}
+        assert float(module.training_step(b, 0).detach()) == 0.0
