@@ -6,6 +6,7 @@ tests/training/test_lean_batch.py holds the batch's own cases."""
 
 from __future__ import annotations
 
+import operator
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +85,12 @@ def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, optimizer: A
     logger = ListLogger()
     train = _Watched(train if train is not None else loader(STEPS * 2, 2), module, seen)
     outputs: list[float] = []  # the loss each batch's step hands to on_train_batch_end
+    output_keys: list[tuple[str, ...]] = []
 
     class Outputs(pl.Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, out: Any, *a: Any) -> None:
             outputs.append(float(out["loss"]) if out else float("nan"))
+            output_keys.append(tuple(sorted(out or ())))
 
     trainer_kw = {"val_check_interval": 3, "limit_val_batches": 1, "gradient_clip_val": 0.05, **trainer_kw}
     trainer = cpu_trainer(trainer_kw.pop("max_steps", STEPS), tmp_path, callbacks=[Recorder(seen), Outputs(), *callbacks],
@@ -124,6 +127,7 @@ def _run(tmp_path: Path, lean: bool, skip_batch: int | None = None, optimizer: A
         LightningOptimizer.step = original_step  # type: ignore[method-assign]
         lean_batch._advance = original_advance
     return {"seen": seen, "loop": trainer.fit_loop.state_dict(), "rows": logger.rows, "outputs": outputs,
+            "output_keys": output_keys,
             "weights": {k: v.clone() for k, v in module.state_dict().items()},
             "lightning_optimizer_steps": len(steps), "global_step": trainer.global_step,
             "lean_batches": len(lean_batches), "trainer": trainer}
@@ -134,6 +138,7 @@ def _same_run(a: dict[str, Any], b: dict[str, Any], steps: int = STEPS) -> None:
     assert a["loop"] == b["loop"]
     assert a["rows"] == b["rows"]
     assert a["outputs"] == pytest.approx(b["outputs"], nan_ok=True, rel=0, abs=0)
+    assert a["output_keys"] == b["output_keys"]
     assert a["global_step"] == b["global_step"] == steps
     assert a["weights"].keys() == b["weights"].keys()
     for k in a["weights"]:
@@ -159,6 +164,32 @@ def test_a_step_whose_training_step_returns_none_is_skipped_as_lightning_skips_i
     lightning = _run(tmp_path / "lightning", False, skip_batch=2)
     _same_run(lean, lightning)
     assert sum(hook == "backward" for _, hook, _ in lean["seen"]) == STEPS - 1
+
+
+def test_a_training_step_that_returns_a_dict_hands_on_its_other_keys_as_lightning_does(tmp_path: Path) -> None:
+    def returns_dict(module: pl.LightningModule) -> None:
+        step = module.training_step
+        module.training_step = lambda b, batch_idx: {  # type: ignore[method-assign]
+            "loss": (loss := step(b, batch_idx)), "twice": 2 * loss.detach()}
+
+    lean = _run(tmp_path / "lean", True, module_setup=returns_dict)
+    lightning = _run(tmp_path / "lightning", False, module_setup=returns_dict)
+    _same_run(lean, lightning)
+    assert lean["output_keys"] == [("loss", "twice")] * STEPS
+
+
+def test_the_backward_hooks_get_the_very_loss_training_step_returned(tmp_path: Path) -> None:
+    # Lightning divides it by accumulate_grad_batches, 1 here: a kernel and a backward node.
+    returned: list[torch.Tensor] = []
+    given: list[torch.Tensor] = []
+
+    def watch(module: pl.LightningModule) -> None:
+        step = module.training_step
+        module.training_step = lambda b, batch_idx: (returned.append(step(b, batch_idx)), returned[-1])[1]  # type: ignore[method-assign]
+        module.on_before_backward = given.append  # type: ignore[method-assign]
+
+    _run(tmp_path, True, module_setup=watch)
+    assert len(given) == len(returned) == STEPS and all(map(operator.is_, given, returned))
 
 
 def test_an_optimizer_that_runs_the_closure_several_times_sees_lightnings_calls(tmp_path: Path) -> None:

@@ -42,6 +42,14 @@ def _passes_through(loop: _AutomaticOptimization, plan: HookPlan) -> bool:
     return not loop._skip_backward and loop.trainer.accumulate_grad_batches == 1
 
 
+def _result_of(output: Any) -> ClosureResult:
+    """``ClosureResult.from_training_step_output`` without accumulation, less its ``loss / 1``
+    for a tensor: a kernel and a backward node every step that change no number."""
+    if isinstance(output, torch.Tensor):
+        return ClosureResult(output)
+    return ClosureResult.from_training_step_output(output)
+
+
 def _step(loop: _AutomaticOptimization, optimizer: torch.optim.Optimizer, batch_idx: int,
           kwargs: OrderedDict, plan: HookPlan) -> dict[str, Any]:
     trainer = loop.trainer
@@ -56,7 +64,7 @@ def _step(loop: _AutomaticOptimization, optimizer: torch.optim.Optimizer, batch_
         with torch.enable_grad():
             names[FX] = "training_step"  # as _call_strategy_hook sets it
             with context():
-                result = ClosureResult.from_training_step_output(module.training_step(*kwargs.values()))
+                result = _result_of(module.training_step(*kwargs.values()))
             names[FX] = "optimizer_step"
             out.append(result)
             if result.closure_loss is None:
