@@ -187,7 +187,7 @@ def _fix_switch(which: str) -> Any:
             call._call_lightning_module_hook = fast_module if on else fast_module.__wrapped__
             call._call_strategy_hook = fast_strategy if on else fast_strategy.__wrapped__
         if "small_heads" in switched:
-            small_head_attention.ENABLED = on  # else SDPA
+            small_head_attention.MODE = "measure" if on else "off"  # SDPA when off
         if "lean_optimization" in switched:
             _AutomaticOptimization.run = fast_run if on else fast_run.__wrapped__  # type: ignore[method-assign]
         if "batch_transfer" in switched:

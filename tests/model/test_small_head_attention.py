@@ -1,5 +1,5 @@
-"""The CPU small-head attention path equals SDPA (outputs and gradients) and is taken only where
-it was measured to be faster."""
+"""The CPU small-head attention path equals SDPA (outputs and gradients), may apply only where it
+was measured to win on some CPU, and is taken only where it times faster on this one."""
 
 from __future__ import annotations
 
@@ -24,6 +24,19 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def path_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Take the path wherever it applies, whatever this CPU's timing says."""
+    monkeypatch.setattr(sha, "MODE", "on")
+
+
+@pytest.fixture
+def fresh_timings(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[object, ...], bool]:
+    monkeypatch.setattr(sha, "MODE", "measure")
+    monkeypatch.setattr(sha, "_FASTER", {})
+    return sha._FASTER
 
 
 def _inputs(b: int, h: int, hkv: int, tq: int, tk: int, hd: int) -> list[torch.Tensor]:
@@ -75,7 +88,7 @@ def test_outputs_and_gradients_equal_sdpa(case: str, scale: float | None, one_th
         torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
 
 
-def test_taken_only_where_measured_faster(one_thread: None) -> None:
+def test_it_may_apply_only_where_it_was_measured_to_win(one_thread: None) -> None:
     q, k, _ = _inputs(2, 3, 3, 16, 16, 8)
     assert sha.applies(q, k, 0.0)
     assert not sha.applies(q, k, 0.1), "dropout goes to SDPA"
@@ -114,7 +127,7 @@ def test_a_small_head_transformer_trains_the_same_either_way(
     ids = torch.randint(0, 50, (4, 32), generator=torch.Generator().manual_seed(1))
     results = {}
     for enabled in (True, False):
-        monkeypatch.setattr(sha, "ENABLED", enabled)
+        monkeypatch.setattr(sha, "MODE", "on" if enabled else "off")
         torch.manual_seed(0)
         model = Transformer(cfg)
         keep = torch.ones(4, 32, dtype=torch.bool)
@@ -130,7 +143,7 @@ def test_a_small_head_transformer_trains_the_same_either_way(
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
-def test_activation_checkpointing_recomputes_it_to_the_same_gradients(one_thread: None) -> None:
+def test_activation_checkpointing_recomputes_it_to_the_same_gradients(one_thread: None, path_on: None) -> None:
     cfg = ModelConfig(arch="decoder", vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3)
     ids = torch.randint(0, 50, (4, 32), generator=torch.Generator().manual_seed(2))
     grads = {}
@@ -166,3 +179,45 @@ def test_a_compiled_model_keeps_sdpa_on_one_thread(one_thread: None) -> None:
     assert len(code) == 1 and "scaled_dot_product_attention" in code[0]
     assert "SmallHeadAttention" not in code[0]
     assert all(p.grad is not None for p in model.parameters())
+
+
+def _graph_takes_path(model: Transformer, ids: torch.Tensor) -> bool:
+    logits = model(ids)
+    F.cross_entropy(logits.flatten(0, 1), ids.flatten()).backward()
+    return any(n.startswith("_SmallHeadAttention") for n in _graph_names(logits))
+
+
+@pytest.mark.parametrize("margin", [0.0, float("inf")], ids=["always faster", "never faster"])
+def test_measured_it_is_taken_where_it_times_faster_once_a_shape(
+        margin: float, fresh_timings: dict[tuple[object, ...], bool],
+        monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
+    # Real timings of both paths; the margin decides which way any timing falls.
+    monkeypatch.setattr(sha, "MARGIN", margin)
+    model = Transformer(ModelConfig(vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3))
+    rng = torch.get_rng_state()
+    for batch in (4, 4, 2):
+        ids = torch.randint(0, 50, (batch, 32), generator=torch.Generator().manual_seed(batch))
+        assert _graph_takes_path(model, ids) == (margin == 0.0)
+    assert sorted(fresh_timings) == [((b, 3, 32, 4), (b, 3, 32, 4), None, True) for b in (2, 4)]
+    assert set(fresh_timings.values()) == {margin == 0.0}
+    assert torch.equal(torch.get_rng_state(), rng)  # timing drew nothing from the run's stream
+
+
+def test_timed_inside_activation_checkpointing_the_gradients_are_unchanged(
+        fresh_timings: dict[tuple[object, ...], bool],
+        monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
+    # The first forward of a shape runs its timing (forward and backward of its own) while the
+    # checkpoint records its saved tensors: none of that may enter the checkpoint's graph.
+    monkeypatch.setattr(sha, "MARGIN", 0.0)
+    cfg = ModelConfig(arch="decoder", vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3)
+    ids = torch.randint(0, 50, (4, 32), generator=torch.Generator().manual_seed(2))
+    grads = {}
+    for checkpointing in (True, False):  # the checkpointed model first: it meets the shape first
+        torch.manual_seed(0)
+        model = Transformer(cfg)
+        model.set_activation_checkpointing(checkpointing)
+        F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+        grads[checkpointing] = [p.grad for p in model.parameters()]
+    assert list(fresh_timings.values()) == [True]
+    for a, b in zip(grads[False], grads[True], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)

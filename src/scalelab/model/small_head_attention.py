@@ -2,14 +2,17 @@
 its backward written out.
 
 Why: a CPU sweep point (head_dim 4 or 8, 64 positions, 1 thread a run) spends much of its step in
-the backward of torch's CPU flash-attention kernel. Written out, that backward is ~1.5x faster,
-mostly thanks to one detail: a bmm whose output has head_dim columns runs ~4x slower than its
-transpose, so every product that ends in head_dim columns (p v forward; dv, dq, dk backward) is
-computed transposed, (v^T p^T)^T, and handed on as a strided view. The forward is no faster than
-flash's, which skips the masked half and reads q, k, v in place, so the path is used only where
-it was measured to win (docs/performance.md, "Small heads on a CPU"): training, 1 thread,
-head_dim <= 8. A sweep point's step: 1.04x (1.00-1.08x over six runs); 2 threads: 0.97-1.00x;
-a forward alone (held-out scoring): 0.53x at d=12, which is why no-grad forwards keep SDPA.
+the backward of torch's CPU flash-attention kernel. On a 2-core AMD EPYC (Zen 4) that backward
+written out is ~1.5x faster, mostly thanks to one detail: a bmm whose output has head_dim columns
+runs ~4x slower than its transpose, so every product that ends in head_dim columns (p v forward;
+dv, dq, dk backward) is computed transposed, (v^T p^T)^T, and handed on as a strided view. The
+forward is no faster than flash's, which skips the masked half and reads q, k, v in place.
+
+Whether it pays depends on the CPU: on that EPYC a sweep point's step ran 1.04-1.09x faster with
+it; on an Intel Xeon with AMX the same step ran 1.21x slower, and attention alone 1.0-1.5x slower
+at every small-head shape. So it is never assumed: where it may apply (training, 1 thread,
+head_dim <= 8, fp32; ``applies``), the first forward of each shape times both paths on fresh
+tensors of that shape and keeps the faster (``pays``; docs/performance.md, "Small heads on a CPU").
 
 The probabilities [B*H, Tq, Tk] are materialized and kept for backward, which is why keys are
 capped at MAX_SEQ. Results equal SDPA's to float rounding (tests/model/test_small_head_attention.py).
@@ -17,12 +20,23 @@ capped at MAX_SEQ. Results equal SDPA's to float rounding (tests/model/test_smal
 
 from __future__ import annotations
 
+import logging
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-MAX_HEAD_DIM = 8  # measured crossover: from 16 on, SDPA is as fast or faster
+MAX_HEAD_DIM = 8  # measured crossover on the EPYC: from 16 on, SDPA is as fast or faster
 MAX_SEQ = 256  # keys; bounds the [B*H, Tq, Tk] probabilities kept for backward
-ENABLED = True  # tests and benchmarks compare against SDPA by turning it off
+# "measure": where the path applies, take it if it times faster at that shape; "on": wherever
+# it applies; "off": never (SDPA). Tests and benchmarks compare the paths by setting it.
+MODE = "measure"
+MARGIN = 1.05  # the path must be this much faster: near a tie, SDPA (no probabilities kept)
+ROUNDS, REPS = 5, 2  # timed rounds (after one warm-up) of REPS forward + backward, per path
+log = logging.getLogger(__name__)
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
@@ -30,10 +44,57 @@ def applies(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
     one CPU thread (with more, flash parallelizes better), small heads, no dropout, not compiling
     (inductor makes its own kernel from SDPA; tested first, since Dynamo cannot trace
     torch.get_num_threads inside a compiled block region)."""
-    return (ENABLED and not torch.compiler.is_compiling() and q.device.type == "cpu"
+    return (MODE != "off" and not torch.compiler.is_compiling() and q.device.type == "cpu"
             and q.dtype == torch.float32 and q.requires_grad and torch.is_grad_enabled()
             and q.shape[-1] <= MAX_HEAD_DIM and k.shape[-2] <= MAX_SEQ and dropout_p == 0.0
             and torch.get_num_threads() == 1 and not torch.is_autocast_enabled("cpu"))
+
+
+_FASTER: dict[tuple[object, ...], bool] = {}  # (shapes, causal) -> this path timed faster
+
+
+def pays(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> bool:
+    """Whether to take the path where it ``applies``: by ``MODE``, and for "measure" whether it
+    timed ``MARGIN`` faster than SDPA at these shapes (timed once a shape, a process)."""
+    if MODE != "measure":
+        return MODE == "on"
+    key = (tuple(q.shape), tuple(k.shape), None if mask is None else tuple(mask.shape), is_causal)
+    faster = _FASTER.get(key)
+    if faster is None:
+        # In a thread of its own: autograd's grad mode and saved-tensor hooks (activation
+        # checkpointing's) are per thread, so the timing's own backward leaves the caller's
+        # graph alone; torch's thread count is the process's.
+        with ThreadPoolExecutor(1) as pool:
+            ratio = pool.submit(_speed_ratio, q, k, mask, is_causal).result()
+        faster = _FASTER[key] = ratio >= MARGIN
+        log.debug("attention at q %s, k %s: written out %.2fx SDPA's speed -> %s", tuple(q.shape),
+                  tuple(k.shape), ratio, "written out" if faster else "SDPA")
+    return faster
+
+
+def _speed_ratio(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> float:
+    """SDPA's time over this path's for forward + backward at these shapes, on fresh tensors
+    (their own generator: the run's random stream is not touched), alternating, medians."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(t.shape, generator=g).requires_grad_() for t in (q, k, k))
+    mask = None if mask is None else mask.detach()
+    gqa = k.shape[1] != q.shape[1]
+
+    def sdpa() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                              enable_gqa=gqa)
+
+    def written_out() -> torch.Tensor:
+        return attention(q, k, v, mask, is_causal, None)
+
+    times: dict[object, list[float]] = {sdpa: [], written_out: []}
+    for _ in range(ROUNDS + 1):
+        for path, seconds in times.items():
+            t0 = time.perf_counter()
+            for _ in range(REPS):
+                path().sum().backward()  # type: ignore[operator]
+            seconds.append(time.perf_counter() - t0)
+    return statistics.median(times[sdpa][1:]) / statistics.median(times[written_out][1:])
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
