@@ -11,8 +11,8 @@ would gain, with the host's drift hitting both alike. The bench's (3)/(2) takes 
 two processes and spreads ±0.05 a round, more than most single changes to the loop;
 ``--ab-fixes`` in ``benchmarks.step_parts`` switches one change within a run.
 
-The hand loop does not log: ``trainer.log_every_n_steps=100000`` takes the logging steps out of
-the platform's side too.
+The hand loop does not log; the platform's side logs at the preset's cadence (sweep_point: every
+19 steps), and ``trainer.log_every_n_steps=100000`` takes its logging steps out too.
 
     python -m benchmarks.loop_overhead [--blocks 40] [--block 50] [--start 200] [hydra overrides ...]
     python -m benchmarks.loop_overhead --preset pystdlib_small --blocks 10 --block 20
