@@ -229,3 +229,13 @@ def test_loop_overhead_alternates_hand_and_lightning_blocks(tmp_path: Path) -> N
     assert found, proc.stdout[-2000:]
     hand, lightning, ratio = int(found[1]), int(found[2]), float(found[3])
     assert hand > 0 and lightning > 0 and ratio == pytest.approx(lightning / hand, rel=0.02)
+
+
+def test_small_heads_times_both_paths_and_says_which_the_model_takes() -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.small_heads", "--rounds", "2", "--reps", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = re.findall(r"\((\d+), (\d+), (\d+), (\d+)\)\s+(\d+)\s+(\d+)\s+([\d.]+)x  (SDPA|written out)", proc.stdout)
+    assert len(rows) == 5, proc.stdout
+    for *_, sdpa, written, speed, _takes in rows:
+        assert int(sdpa) > 0 and int(written) > 0 and float(speed) > 0
