@@ -9,10 +9,11 @@ dv, dq, dk backward) is computed transposed, (v^T p^T)^T, and handed on as a str
 forward is no faster than flash's, which skips the masked half and reads q, k, v in place.
 
 Whether it pays depends on the CPU: on that EPYC a sweep point's step ran 1.04-1.09x faster with
-it; on an Intel Xeon with AMX the same step ran 1.21x slower, and attention alone 1.0-1.5x slower
+it; on an Intel Xeon with AMX the same step ran 1.21x slower, and attention alone 1.0-1.8x slower
 at every small-head shape. So it is never assumed: where it may apply (training, 1 thread,
 head_dim <= 8, fp32; ``applies``), the first forward of each shape times both paths on fresh
-tensors of that shape and keeps the faster (``pays``; docs/performance.md, "Small heads on a CPU").
+tensors of that shape and keeps this path only where it is >= 5 % faster (``pays``;
+docs/performance.md, "Small heads on a CPU").
 
 The probabilities [B*H, Tq, Tk] are materialized and kept for backward, which is why keys are
 capped at MAX_SEQ. Results equal SDPA's to float rounding (tests/model/test_small_head_attention.py).

@@ -273,7 +273,8 @@ class LMModule(pl.LightningModule):
         """Mean token cross-entropy in nats over the scored labels; 0 where none is."""
         if self.every_label_scored:
             # One kernel and its backward, where the sum, count, clamp and divide take five:
-            # ~27 us of a 3.3 ms sweep-point step on a 2-core EPYC (docs/performance.md).
+            # 30-60 us of a sweep point's ~2.8 ms training step + backward on a 2-core Intel
+            # Xeon (docs/performance.md, twenty-sixth session).
             # A batch with no scored label would read NaN here, which cannot happen.
             return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
                                    ignore_index=IGNORE_INDEX)
