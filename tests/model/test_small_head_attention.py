@@ -221,3 +221,18 @@ def test_timed_inside_activation_checkpointing_the_gradients_are_unchanged(
     assert list(fresh_timings.values()) == [True]
     for a, b in zip(grads[False], grads[True], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_with_deterministic_algorithms_nothing_is_timed_and_sdpa_runs(
+        fresh_timings: dict[tuple[object, ...], bool], monkeypatch: pytest.MonkeyPatch,
+        one_thread: None) -> None:
+    monkeypatch.setattr(sha, "MARGIN", 0.0)  # any timing would choose the path
+    model = Transformer(ModelConfig(vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3))
+    ids = torch.randint(0, 50, (4, 32), generator=torch.Generator().manual_seed(4))
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not _graph_takes_path(model, ids)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert fresh_timings == {}
+    assert _graph_takes_path(model, ids)  # timed, and taken, once determinism is off

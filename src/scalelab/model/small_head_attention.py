@@ -56,8 +56,10 @@ _FASTER: dict[tuple[object, ...], bool] = {}  # (shapes, causal) -> this path ti
 
 def pays(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> bool:
     """Whether to take the path where it ``applies``: by ``MODE``, and for "measure" whether it
-    timed ``MARGIN`` faster than SDPA at these shapes (timed once a shape, a process)."""
-    if MODE != "measure":
+    timed ``MARGIN`` faster than SDPA at these shapes (timed once a shape, a process). A timed
+    choice can fall either way near the margin, and the paths agree only to float rounding: with
+    deterministic algorithms asked for (``trainer.deterministic=true``) "measure" takes SDPA."""
+    if MODE != "measure" or torch.are_deterministic_algorithms_enabled():
         return MODE == "on"
     key = (tuple(q.shape), tuple(k.shape), None if mask is None else tuple(mask.shape), is_causal)
     faster = _FASTER.get(key)
