@@ -195,10 +195,11 @@ def test_measured_it_is_taken_where_it_times_faster_once_a_shape(
     monkeypatch.setattr(sha, "MARGIN", margin)
     model = Transformer(ModelConfig(vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3))
     rng = torch.get_rng_state()
-    for batch in (4, 4, 2):
-        ids = torch.randint(0, 50, (batch, 32), generator=torch.Generator().manual_seed(batch))
+    for batch, length in ((4, 32), (4, 32), (2, 32), (4, 27)):
+        ids = torch.randint(0, 50, (batch, length), generator=torch.Generator().manual_seed(batch))
         assert _graph_takes_path(model, ids) == (margin == 0.0)
-    assert sorted(fresh_timings) == [((b, 3, 32, 4), (b, 3, 32, 4), None, True) for b in (2, 4)]
+    # timed twice: 4 x 3 and 2 x 3 heads are two classes; 27 positions fall in 32's class
+    assert sorted(fresh_timings) == [(n, 32, 32, 4, 1, None, True) for n in (8, 16)]
     assert set(fresh_timings.values()) == {margin == 0.0}
     assert torch.equal(torch.get_rng_state(), rng)  # timing drew nothing from the run's stream
 

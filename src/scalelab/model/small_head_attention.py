@@ -51,17 +51,18 @@ def applies(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
             and torch.get_num_threads() == 1 and not torch.is_autocast_enabled("cpu"))
 
 
-_FASTER: dict[tuple[object, ...], bool] = {}  # (shapes, causal) -> this path timed faster
+_FASTER: dict[tuple[object, ...], bool] = {}  # _shape_class -> this path timed faster
 
 
 def pays(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> bool:
     """Whether to take the path where it ``applies``: by ``MODE``, and for "measure" whether it
-    timed ``MARGIN`` faster than SDPA at these shapes (timed once a shape, a process). A timed
-    choice can fall either way near the margin, and the paths agree only to float rounding: with
-    deterministic algorithms asked for (``trainer.deterministic=true``) "measure" takes SDPA."""
+    timed ``MARGIN`` faster than SDPA (once per ``_shape_class`` and process, at the first shape
+    met in it). A timed choice can fall either way near the margin, and the paths agree only to
+    float rounding: with deterministic algorithms asked for (``trainer.deterministic=true``)
+    "measure" takes SDPA."""
     if MODE != "measure" or torch.are_deterministic_algorithms_enabled():
         return MODE == "on"
-    key = (tuple(q.shape), tuple(k.shape), None if mask is None else tuple(mask.shape), is_causal)
+    key = _shape_class(q, k, mask, is_causal)
     faster = _FASTER.get(key)
     if faster is None:
         # In a thread of its own: autograd's grad mode and saved-tensor hooks (activation
@@ -73,6 +74,20 @@ def pays(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal:
         log.debug("attention at q %s, k %s: written out %.2fx SDPA's speed -> %s", tuple(q.shape),
                   tuple(k.shape), ratio, "written out" if faster else "SDPA")
     return faster
+
+
+def _shape_class(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
+                 is_causal: bool) -> tuple[object, ...]:
+    """Shapes that are timed once: batch x heads, queries and keys rounded up to a power of two
+    (a seq2seq run meets a new target length every few batches; the ratio moves smoothly with
+    size), head_dim, heads per K/V head, which mask dimensions broadcast, causal or not."""
+    b, h, tq, hd = q.shape
+    broadcast = None if mask is None else tuple(d == 1 for d in mask.shape)
+    return (_pow2(b * h), _pow2(tq), _pow2(k.shape[2]), hd, h // k.shape[1], broadcast, is_causal)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 def _speed_ratio(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> float:
