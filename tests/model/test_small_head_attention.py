@@ -3,6 +3,7 @@ was measured to win on some CPU, and is taken only where it times faster on this
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -190,14 +191,18 @@ def _graph_takes_path(model: Transformer, ids: torch.Tensor) -> bool:
 @pytest.mark.parametrize("margin", [0.0, float("inf")], ids=["always faster", "never faster"])
 def test_measured_it_is_taken_where_it_times_faster_once_a_shape(
         margin: float, fresh_timings: dict[tuple[object, ...], bool],
-        monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
+        monkeypatch: pytest.MonkeyPatch, one_thread: None, caplog: pytest.LogCaptureFixture) -> None:
     # Real timings of both paths; the margin decides which way any timing falls.
     monkeypatch.setattr(sha, "MARGIN", margin)
     model = Transformer(ModelConfig(vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3))
     rng = torch.get_rng_state()
-    for batch, length in ((4, 32), (4, 32), (2, 32), (4, 27)):
-        ids = torch.randint(0, 50, (batch, length), generator=torch.Generator().manual_seed(batch))
-        assert _graph_takes_path(model, ids) == (margin == 0.0)
+    with caplog.at_level(logging.INFO, logger=sha.__name__):
+        for batch, length in ((4, 32), (4, 32), (2, 32), (4, 27)):
+            ids = torch.randint(0, 50, (batch, length), generator=torch.Generator().manual_seed(batch))
+            assert _graph_takes_path(model, ids) == (margin == 0.0)
+    said = [r.getMessage() for r in caplog.records]
+    assert [m.split(":")[0] for m in said] == ["attention, q 4x3x32x4", "attention, q 2x3x32x4"]
+    assert all(m.endswith("so it runs" if margin == 0.0 else "so SDPA runs") for m in said)
     # timed twice: 4 x 3 and 2 x 3 heads are two classes; 27 positions fall in 32's class
     assert sorted(fresh_timings) == [(n, 32, 32, 4, 1, None, True) for n in (8, 16)]
     assert set(fresh_timings.values()) == {margin == 0.0}

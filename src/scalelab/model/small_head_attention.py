@@ -71,8 +71,10 @@ def pays(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal:
         with ThreadPoolExecutor(1) as pool:
             ratio = pool.submit(_speed_ratio, q, k, mask, is_causal).result()
         faster = _FASTER[key] = ratio >= MARGIN
-        log.debug("attention at q %s, k %s: written out %.2fx SDPA's speed -> %s", tuple(q.shape),
-                  tuple(k.shape), ratio, "written out" if faster else "SDPA")
+        # Said once per class in the run's log: which kernel trained, on this CPU, and why.
+        log.info("attention, q %s: the written-out small-head path timed %.2fx SDPA's speed here, "
+                 "so %s runs", "x".join(map(str, q.shape)), ratio,
+                 "it" if faster else "SDPA")
     return faster
 
 
