@@ -40,7 +40,7 @@ def _lean(loop: _TrainingEpochLoop, data_fetcher: _DataFetcher) -> HookPlan | No
     if loop._restarting or type(data_fetcher) is not _PrefetchDataFetcher:
         return None
     plan = plan_for(loop, loop.trainer)
-    if plan is None or not _passes_through(loop.automatic_optimization, plan) or not plan.module.automatic_optimization:
+    if plan is None or not _passes_through(loop.automatic_optimization) or not plan.module.automatic_optimization:
         return None
     return plan
 

@@ -36,9 +36,9 @@ from scalelab.training.hook_plan import FX, HookPlan, plan_for
 _MARK = "_scalelab_lean"
 
 
-def _passes_through(loop: _AutomaticOptimization, plan: HookPlan) -> bool:
+def _passes_through(loop: _AutomaticOptimization) -> bool:
     """Whether every layer between the loop and ``optimizer.step`` only passes the call on (the
-    module docstring lists them), given that ``plan_for`` gave a plan (the layers are Lightning's own)."""
+    module docstring lists them), once ``plan_for`` gave a plan (the layers are Lightning's own)."""
     return not loop._skip_backward and loop.trainer.accumulate_grad_batches == 1
 
 
@@ -111,7 +111,7 @@ def lean_automatic_optimization() -> None:
     def run(self: _AutomaticOptimization, optimizer: torch.optim.Optimizer, batch_idx: int,
             kwargs: OrderedDict) -> dict[str, Any]:
         plan = plan_for(self, self.trainer)
-        if plan is not None and _passes_through(self, plan):
+        if plan is not None and _passes_through(self):
             return _step(self, optimizer, batch_idx, kwargs, plan)
         return original(self, optimizer, batch_idx, kwargs)
 
