@@ -23,6 +23,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
 from scalelab.model import ModelConfig
 from scalelab.training import CausalLM, OptimConfig
+from scalelab.training.distributed import release_distributed
 
 CLIP = 0.05
 
@@ -60,8 +61,8 @@ def main(out: str) -> None:
         ref_after = float(torch.nn.utils.get_total_norm([p.grad for p in plain.parameters()]))
         Path(out).write_text(json.dumps({"before": before, "after": after, "ref_before": ref_before,
                                          "ref_after": ref_after, "local_share": shard}))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    release_distributed()  # as the platform's ranks end: FSDP's group and its threads gone

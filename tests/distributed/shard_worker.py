@@ -12,6 +12,7 @@ file per rank plus ``.metadata``, under the key ``model`` (Lightning's converted
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from scalelab.model import ModelConfig, Transformer
 from scalelab.model.fused_layout import keep_fused
 from scalelab.training.checkpoint import model_config
-from scalelab.training.distributed import block_classes
+from scalelab.training.distributed import block_classes, release_distributed
 
 
 def main(src: str, out: str) -> None:
@@ -51,8 +52,14 @@ def main(src: str, out: str) -> None:
         rest = {k: v for k, v in ck.items() if k not in ("state_dict", "optimizer_states")}
         torch.save(rest, Path(out) / _METADATA_FILENAME)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    release_distributed()
+    # fully_shard's DTensor state keeps the group (and gloo's threads) alive past destroy here,
+    # and a gloo thread freeing a tensor during the interpreter's exit aborts the rank (-6):
+    # the work is on disk, so leave without the interpreter's teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

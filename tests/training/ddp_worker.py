@@ -16,9 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the h
 
 from scalelab.training import ThroughputMonitor
 from scalelab.training.callbacks import THROUGHPUT_KEYS
+from scalelab.training.distributed import release_distributed
 from training.test_callbacks import CharTok, loader, tiny_module
 
-if __name__ == "__main__":
+
+def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     module = tiny_module(6, tokenizer=CharTok(), sample_tokens=5, sample_prompt="ab")
@@ -36,7 +38,10 @@ if __name__ == "__main__":
         "rank": trainer.global_rank, "world": trainer.world_size, "tokens_seen": module.tokens_seen,
         "val": module.last_val, "sample": module.last_sample, "perf": perf,
     }))
-    # As the platform's ranks do at the end of a job (distributed.release_distributed): a group
-    # left to the interpreter's exit can abort the process ("terminate called without an active
-    # exception") after its work is done.
-    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    # As the platform's ranks end a job, once the trainer is garbage: the group and gloo's
+    # threads gone before the interpreter exits (else the process can abort with -6).
+    release_distributed()

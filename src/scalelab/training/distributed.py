@@ -21,6 +21,7 @@ before building a new strategy, as a safety net).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import subprocess
@@ -137,15 +138,14 @@ def release_distributed(wait_s: float = 120.0) -> None:
     """End of a job, on every rank: where this process launched ranks, wait for them and say
     which failed; drop the process group; restore the env the launcher changed.
 
-    Safe to call always. Every rank drops its group: one left to the interpreter's exit is torn
-    down while gloo's threads may still run, which can abort the process after its work is done.
-    The launcher drops its group only once its ranks have ended, so none loses a peer mid-call.
+    Safe to call always. The launcher drops its group only once its ranks have ended, so none
+    loses a peer mid-call.
     """
     global _saved_env
     if _saved_env is not None:
         _wait_for_children(wait_s)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        _drop_process_group()
     if _saved_env is None:
         return
     for key, value in _saved_env.items():
@@ -154,6 +154,41 @@ def release_distributed(wait_s: float = 120.0) -> None:
         else:
             os.environ[key] = value
     _saved_env = None
+
+
+def _drop_process_group() -> None:
+    """Destroy the group so that gloo's worker threads are joined now, on every rank.
+
+    Why: a gloo thread drops each finished collective a moment after the caller got its result;
+    where that frees a tensor Python made, it takes the GIL. Once the interpreter is exiting,
+    taking the GIL ends the thread with pthread_exit, which aborts the process ("terminate
+    called without an active exception", exit -6) after all its work is done (a core dump showed
+    exactly this). The threads stop only when the group's last reference goes, and the finished
+    trainer's DDP or FSDP wrapper still holds one in a reference cycle. Collecting that first,
+    while the registry still holds the group, lets destroy_process_group drop the last reference
+    through torch's binding, which joins the threads with the GIL released (they may need it).
+    """
+    gc.collect()
+    torch.distributed.destroy_process_group()
+    if left := gloo_threads():
+        log.warning("%d gloo threads outlived the process group (something still holds it): this "
+                    "process may abort at exit after its work is done", left)
+
+
+def gloo_threads() -> int:
+    """This process's gloo threads (each group runs workers and a socket loop); 0 off Linux."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    count = 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                count += "gloo" in f.read()
+        except OSError:  # the thread ended while we looked
+            continue
+    return count
 
 
 def _wait_for_children(wait_s: float) -> None:
