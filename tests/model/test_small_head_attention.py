@@ -37,6 +37,7 @@ def path_on(monkeypatch: pytest.MonkeyPatch) -> None:
 def fresh_timings(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[object, ...], bool]:
     monkeypatch.setattr(sha, "MODE", "measure")
     monkeypatch.setattr(sha, "_FASTER", {})
+    monkeypatch.setattr(sha, "_BY_SHAPE", {})
     return sha._FASTER
 
 
@@ -106,6 +107,20 @@ def test_it_may_apply_only_where_it_was_measured_to_win(one_thread: None) -> Non
     assert not sha.applies(q.bfloat16(), k.bfloat16(), 0.0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not sha.applies(q, k, 0.0)
+
+
+@pytest.mark.parametrize(("d_model", "dropout", "possible"),
+                         [(12, 0.0, True), (48, 0.0, False), (12, 0.1, False)],
+                         ids=["head_dim 4", "head_dim 16", "dropout"])
+def test_a_layer_that_can_never_take_it_skips_the_per_call_tests(
+        d_model: int, dropout: float, possible: bool, path_on: None, one_thread: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Transformer(ModelConfig(vocab_size=50, max_seq_len=32, d_model=d_model, n_layers=2,
+                                    n_heads=3, dropout=dropout))
+    asked = []
+    monkeypatch.setattr(sha, "applies", lambda *a: asked.append(a) or False)
+    model(torch.randint(0, 50, (2, 32)))
+    assert len(asked) == (2 if possible else 0)  # one question a layer, or none at all
 
 
 def _graph_names(t: torch.Tensor) -> set[str]:

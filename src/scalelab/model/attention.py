@@ -52,6 +52,7 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(d, d, bias=cfg.bias)
         self.o_proj.residual_out = True  # type: ignore[assignment]  # scaled at init (GPT-2)
         self.dropout = cfg.dropout
+        self.small_heads = small_head_attention.may_apply(cfg.head_dim, cfg.dropout)
         # µP: 1/sqrt(head_dim * m), i.e. sqrt(base head_dim) / head_dim: the 1/head_dim law
         # that keeps attention logits O(1) as heads widen, equal to SDPA's default 1/sqrt(hd)
         # (None) at the base width, so an lr tuned there means the same model.
@@ -70,7 +71,7 @@ class _Attention(nn.Module):
         mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
         dropout = self.dropout if self.training else 0.0
         causal = ctx.is_causal and mask is None
-        if (small_head_attention.applies(q, k, dropout)  # CPU training, head_dim <= 8
+        if (self.small_heads and small_head_attention.applies(q, k, dropout)  # CPU training
                 and small_head_attention.pays(q, k, mask, causal)):  # timed faster here
             y = small_head_attention.attention(q, k, v, mask, causal, self.scale)
         else:
