@@ -79,8 +79,24 @@ cycle.append(cycle)
 held = cycle if keep == "held" else None
 del model, cycle
 print("gloo threads before", distributed.gloo_threads(), flush=True)
-distributed.release_distributed()
-print("gloo threads after", distributed.gloo_threads(), flush=True)
+
+
+def failing_job():
+    job_model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    raise RuntimeError("the job failed")
+
+
+try:
+    if keep == "raised":  # as a failed job ends: its traceback holds the frame with the model
+        failing_job()
+    if keep == "exited":  # as a config error ends a single run: SystemExit(2) with that context
+        try:
+            failing_job()
+        except RuntimeError:
+            sys.exit(2)
+finally:
+    distributed.release_distributed()
+    print("gloo threads after", distributed.gloo_threads(), flush=True)
 """
 
 
@@ -107,6 +123,17 @@ def test_dropping_the_group_joins_gloos_threads_though_a_cycle_held_it(tmp_path:
     assert "gloo threads before 3\n" in p.stdout  # two workers and a socket loop
     assert "gloo threads after 0\n" in p.stdout
     assert "outlived" not in p.stderr
+
+
+@pytest.mark.slow
+def test_a_failed_job_drops_its_group_too_and_still_reports_its_error(tmp_path: Path) -> None:
+    (p,) = _finished_ranks(tmp_path, 1, "raised")
+    assert p.returncode == 1
+    assert "gloo threads after 0\n" in p.stdout
+    assert "RuntimeError: the job failed" in p.stderr and "failing_job" in p.stderr
+    assert "outlived" not in p.stderr
+    (p,) = _finished_ranks(tmp_path, 1, "exited")
+    assert p.returncode == 2 and "gloo threads after 0\n" in p.stdout
 
 
 @pytest.mark.slow

@@ -25,7 +25,9 @@ import gc
 import logging
 import os
 import subprocess
+import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -168,11 +170,24 @@ def _drop_process_group() -> None:
     while the registry still holds the group, lets destroy_process_group drop the last reference
     through torch's binding, which joins the threads with the GIL released (they may need it).
     """
+    _drop_failure_locals()
     gc.collect()
     torch.distributed.destroy_process_group()
     if left := gloo_threads():
         log.warning("%d gloo threads outlived the process group (something still holds it): this "
                     "process may abort at exit after its work is done", left)
+
+
+def _drop_failure_locals() -> None:
+    """A failing job's traceback keeps its finished frames, and with them the trainer and its
+    group: drop those frames' locals, along the exception's chain (a config error becomes
+    SystemExit), while the tracebacks' lines stay for the report."""
+    failure, seen = sys.exc_info()[1], set()
+    while failure is not None and id(failure) not in seen:
+        seen.add(id(failure))
+        if failure.__traceback__ is not None:
+            traceback.clear_frames(failure.__traceback__)
+        failure = failure.__cause__ or failure.__context__
 
 
 def gloo_threads() -> int:
