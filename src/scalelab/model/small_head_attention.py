@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 
 def may_apply(head_dim: int, dropout: float) -> bool:
     """Whether a layer of this head size and dropout can ever take the path: decided once, when
-    the layer is built, so every other layer skips the per-call tests (in a forward they cost
-    ~9 us a call, far above their cost in a tight loop)."""
+    the layer is built, so every other layer skips the per-call tests (inside a forward they
+    timed 5.5 us a call, against 1 us in a tight loop)."""
     return head_dim <= MAX_HEAD_DIM and not dropout
 
 
