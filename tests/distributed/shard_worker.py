@@ -57,9 +57,10 @@ def main(src: str, out: str) -> None:
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
     release_distributed()
-    # fully_shard's DTensor state keeps the group (and gloo's threads) alive past destroy here,
-    # and a gloo thread freeing a tensor during the interpreter's exit aborts the rank (-6):
-    # the work is on disk, so leave without the interpreter's teardown.
+    # Something fully_shard leaves behind keeps the group (and gloo's threads) alive past
+    # destroy here (its DTensor specs and meshes stay alive; the holder was not found), and a
+    # gloo thread freeing a tensor during the interpreter's exit aborts the rank (-6): the work
+    # is on disk, so leave without the interpreter's teardown.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
