@@ -46,8 +46,8 @@ def test_attention_weights_reproduce_the_sdpa_output(kw: dict) -> None:
     outs: list[tuple[SelfAttention, torch.Tensor]] = []
     hooks = [m.register_forward_hook(lambda m, a, k, o: outs.append((m, o)), with_kwargs=True)
              for m in model.modules() if isinstance(m, SelfAttention)]
-    ins: list[torch.Tensor] = []
-    hooks += [m.register_forward_pre_hook(lambda m, a, k: ins.append(a[0]), with_kwargs=True)
+    ins: list[tuple[torch.Tensor, object]] = []
+    hooks += [m.register_forward_pre_hook(lambda m, a, k: ins.append((a[0], k["ctx"])), with_kwargs=True)
               for m in model.modules() if isinstance(m, SelfAttention)]
     model(ids)
     for h in hooks:
@@ -57,10 +57,9 @@ def test_attention_weights_reproduce_the_sdpa_output(kw: dict) -> None:
     assert torch.allclose(w.sum(-1), torch.ones(2, 4, 12), atol=1e-5)
     if cfg.arch == "decoder":
         assert float(w.triu(1).abs().max()) == 0.0
-    for layer, ((attn, out), x) in enumerate(zip(outs, ins, strict=True)):
-        v = attn._heads(attn.qkv(x)[2], attn.n_kv_heads).repeat_interleave(
-            attn.n_heads // attn.n_kv_heads, dim=1)
-        y = (w[layer][None] @ v).transpose(1, 2).reshape(1, 12, cfg.d_model)
+    for layer, ((attn, out), (x, ctx)) in enumerate(zip(outs, ins, strict=True)):
+        v = attn.heads(x, ctx)[2].repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)
+        y = (w[layer][None] @ v).transpose(1, 2).reshape(12, cfg.d_model)  # rows, as the model's
         assert torch.allclose(attn.o_proj(y), out, atol=1e-5), layer
 
 

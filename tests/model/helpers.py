@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from scalelab.model import ModelConfig
+from scalelab.model.attention import AttnContext
 
 TINY: dict[str, Any] = dict(vocab_size=37, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
 
@@ -16,6 +17,20 @@ TINY: dict[str, Any] = dict(vocab_size=37, max_seq_len=16, d_model=32, n_layers=
 def tiny(**overrides: Any) -> ModelConfig:
     """A small ModelConfig; any field can be overridden."""
     return ModelConfig(**{**TINY, **overrides})
+
+
+def context(x: torch.Tensor, k_len: int | None = None, **kw: Any) -> AttnContext:
+    """An AttnContext for x [B, T, d] (keys: T, or k_len)."""
+    b, t, _ = x.shape
+    return AttnContext(b, t, t if k_len is None else k_len, **kw)
+
+
+def on_rows(layer: torch.nn.Module, x: torch.Tensor, ctx: AttnContext, **kw: Any) -> torch.Tensor:
+    """layer(x, ctx) for x [B, T, d] (and a memory [B, S, d]) through the rows [B * T, d] that a
+    stack's layers take, reshaped back."""
+    if kw.get("memory") is not None:
+        kw["memory"] = kw["memory"].flatten(0, 1)
+    return layer(x.flatten(0, 1), ctx, **kw).view(x.shape)
 
 
 def project(module: torch.nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:

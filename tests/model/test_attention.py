@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scalelab.model.attention import AttnContext, CrossAttention, KVCache, SelfAttention
+from scalelab.model.attention import CrossAttention, KVCache, SelfAttention
 from scalelab.model.transformer import build_context
 
-from .helpers import project, ref_attention, tiny
+from .helpers import context, on_rows, project, ref_attention, tiny
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
@@ -16,7 +16,7 @@ from .helpers import project, ref_attention, tiny
 def test_self_attention_matches_hand_written(n_kv_heads: int, causal: bool) -> None:
     attn = SelfAttention(tiny(n_kv_heads=n_kv_heads)).eval()
     x = torch.randn(2, 7, 32)
-    out = attn(x, AttnContext(is_causal=causal))
+    out = on_rows(attn, x, context(x, is_causal=causal))
     torch.testing.assert_close(out, ref_attention(attn, x, causal=causal))
 
 
@@ -29,8 +29,8 @@ def test_gqa_with_all_heads_is_mha_and_mqa_has_one_kv_head() -> None:
     assert mqa.qkv_proj.weight.shape == (32 + 8 + 8, 32)  # one head of dim 8 for k and for v
     gqa.load_state_dict(mha.state_dict())
     x = torch.randn(2, 5, 32)
-    ctx = AttnContext(is_causal=True)
-    torch.testing.assert_close(gqa(x, ctx), mha(x, ctx))
+    ctx = context(x, is_causal=True)
+    torch.testing.assert_close(on_rows(gqa, x, ctx), on_rows(mha, x, ctx))
 
 
 @pytest.mark.parametrize("n_kv_heads", [2, 1])
@@ -46,20 +46,20 @@ def test_gqa_equals_mha_with_kv_weights_duplicated(n_kv_heads: int) -> None:
         state[name] = w.view(n_kv_heads, hd, *w.shape[1:]).repeat_interleave(group, 0).flatten(0, 1)
     mha.load_state_dict(state)
     x = torch.randn(2, 6, 32)
-    ctx = AttnContext(is_causal=True)
-    torch.testing.assert_close(gqa(x, ctx), mha(x, ctx))
+    ctx = context(x, is_causal=True)
+    torch.testing.assert_close(on_rows(gqa, x, ctx), on_rows(mha, x, ctx))
 
 
 def test_key_padding_mask_is_respected() -> None:
     attn = SelfAttention(tiny()).eval()
     x = torch.randn(2, 6, 32)
     keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
-    ctx = build_context(torch.arange(6), 6, causal=False, key_keep=keep, bias=None)
-    torch.testing.assert_close(attn(x, ctx), ref_attention(attn, x, key_keep=keep))
+    ctx = build_context(2, torch.arange(6), 6, causal=False, key_keep=keep, bias=None)
+    torch.testing.assert_close(on_rows(attn, x, ctx), ref_attention(attn, x, key_keep=keep))
     # changing padded tokens does not change the real positions' outputs
     x2 = x.clone()
     x2[1, 4:] = torch.randn(2, 32)
-    torch.testing.assert_close(attn(x2, ctx)[1, :4], attn(x, ctx)[1, :4])
+    torch.testing.assert_close(on_rows(attn, x2, ctx)[1, :4], on_rows(attn, x, ctx)[1, :4])
 
 
 def test_cross_attention_matches_hand_written_and_caches_memory() -> None:
@@ -67,22 +67,23 @@ def test_cross_attention_matches_hand_written_and_caches_memory() -> None:
     x, memory = torch.randn(2, 3, 32), torch.randn(2, 9, 32)
     keep = torch.ones(2, 9, dtype=torch.bool)
     keep[0, 6:] = False
-    ctx = build_context(torch.arange(3), 9, causal=False, key_keep=keep, bias=None)
+    ctx = build_context(2, torch.arange(3), 9, causal=False, key_keep=keep, bias=None)
     expected = ref_attention(attn, x, memory=memory, key_keep=keep)
-    torch.testing.assert_close(attn(x, ctx, memory=memory), expected)
+    torch.testing.assert_close(on_rows(attn, x, ctx, memory=memory), expected)
     cache = KVCache()
-    attn(x, ctx, memory=memory, cache=cache)
+    on_rows(attn, x, ctx, memory=memory, cache=cache)
     assert cache.length == 9
     # the second call reuses the cached encoder K/V (memory is ignored)
-    torch.testing.assert_close(attn(x, ctx, memory=torch.zeros_like(memory), cache=cache), expected)
+    torch.testing.assert_close(on_rows(attn, x, ctx, memory=torch.zeros_like(memory), cache=cache),
+                               expected)
 
 
 def test_alibi_bias_enters_the_scores() -> None:
     attn = SelfAttention(tiny()).eval()
     x = torch.randn(1, 5, 32)
     bias = torch.randn(4, 5, 5)
-    ctx = build_context(torch.arange(5), 5, causal=True, key_keep=None, bias=bias)
-    out = attn(x, ctx)
+    ctx = build_context(1, torch.arange(5), 5, causal=True, key_keep=None, bias=bias)
+    out = on_rows(attn, x, ctx)
     # same computation by hand: scores + bias, causal
     q = project(attn, "q_proj", x).view(1, 5, 4, 8).transpose(1, 2)
     k = project(attn, "k_proj", x).view(1, 5, 4, 8).transpose(1, 2)

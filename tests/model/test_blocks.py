@@ -6,10 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scalelab.model.attention import AttnContext
 from scalelab.model.blocks import Block, CrossBlock, PostNorm, PreNorm, Stack
 
-from .helpers import ref_attention, tiny
+from .helpers import context, on_rows, ref_attention, tiny
 
 
 def _ln(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
@@ -35,7 +34,7 @@ def test_pre_ln_block_is_x_plus_f_of_norm_x() -> None:
     sa, ff = block.self_attn, block.mlp
     h = x + ref_attention(sa.fn, _ln(x, sa.norm), causal=True)
     expected = h + _mlp(_ln(h, ff.norm), ff.fn)
-    torch.testing.assert_close(block(x, AttnContext(is_causal=True)), expected)
+    torch.testing.assert_close(on_rows(block, x, context(x, is_causal=True)), expected)
 
 
 def test_post_ln_block_is_norm_of_x_plus_f_x() -> None:
@@ -46,7 +45,7 @@ def test_post_ln_block_is_norm_of_x_plus_f_x() -> None:
     sa, ff = block.self_attn, block.mlp
     h = _ln(x + ref_attention(sa.fn, x, causal=False), sa.norm)
     expected = _ln(h + _mlp(h, ff.fn), ff.norm)
-    torch.testing.assert_close(block(x, AttnContext(is_causal=False)), expected)
+    torch.testing.assert_close(on_rows(block, x, context(x, is_causal=False)), expected)
 
 
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
@@ -63,7 +62,8 @@ def test_cross_block_order_self_cross_mlp(norm_position: str) -> None:
         h = _ln(x + ref_attention(sa.fn, x, causal=True), sa.norm)
         h = _ln(h + ref_attention(ca.fn, h, memory=memory), ca.norm)
         expected = _ln(h + _mlp(h, ff.fn), ff.norm)
-    out = block(x, AttnContext(is_causal=True), memory=memory, cross_ctx=AttnContext())
+    out = on_rows(block, x, context(x, is_causal=True), memory=memory,
+                  cross_ctx=context(x, k_len=memory.shape[1]))
     torch.testing.assert_close(out, expected)
 
 
@@ -78,11 +78,11 @@ def test_final_norm_present_by_default_only_for_pre_ln() -> None:
 def test_residual_dropout_only_in_training(norm_position: str) -> None:
     block = Block(tiny(dropout=0.5, norm_position=norm_position))
     x = torch.randn(2, 6, 32)
-    ctx = AttnContext(is_causal=True)
+    ctx = context(x, is_causal=True)
     block.eval()
-    torch.testing.assert_close(block(x, ctx), block(x, ctx))
+    torch.testing.assert_close(on_rows(block, x, ctx), on_rows(block, x, ctx))
     block.train()
-    assert not torch.allclose(block(x, ctx), block(x, ctx))
+    assert not torch.allclose(on_rows(block, x, ctx), on_rows(block, x, ctx))
 
 
 def test_dropout_off_leaves_no_dropout_call_in_the_model() -> None:

@@ -119,8 +119,24 @@ def test_a_layer_that_can_never_take_it_skips_the_per_call_tests(
                                     n_heads=3, dropout=dropout))
     asked = []
     monkeypatch.setattr(sha, "applies", lambda *a: asked.append(a) or False)
-    model(torch.randint(0, 50, (2, 32)))
-    assert len(asked) == (2 if possible else 0)  # one question a layer, or none at all
+    for _ in range(2):
+        model(torch.randint(0, 50, (2, 32)))
+    assert len(asked) == (2 if possible else 0)  # one question a forward, or none at all
+
+
+def test_a_shape_timed_slower_is_answered_without_the_other_tests(
+        fresh_timings: dict[tuple[object, ...], bool], monkeypatch: pytest.MonkeyPatch,
+        one_thread: None) -> None:
+    monkeypatch.setattr(sha, "MARGIN", float("inf"))  # every timing says SDPA
+    model = Transformer(ModelConfig(vocab_size=50, max_seq_len=32, d_model=12, n_layers=2, n_heads=3))
+    ids = torch.randint(0, 50, (4, 32), generator=torch.Generator().manual_seed(5))
+    assert not _graph_takes_path(model, ids)
+    assert list(fresh_timings.values()) == [False]
+    asked = []
+    monkeypatch.setattr(sha, "applies", lambda *a: asked.append(a) or True)
+    assert not _graph_takes_path(model, ids)
+    assert asked == []
+    assert _graph_takes_path(model, ids[:2]) is False and len(asked) == 1  # a new shape asks
 
 
 def _graph_names(t: torch.Tensor) -> set[str]:

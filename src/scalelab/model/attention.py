@@ -4,6 +4,12 @@ K and V have ``n_kv_heads`` heads. With fewer K/V heads than query heads (GQA, o
 with 1), SDPA's ``enable_gqa`` lets each K/V head serve n_heads/n_kv_heads query heads;
 no weights are copied. Masks arrive precomputed in an AttnContext so attention has no
 knowledge of positions or architecture beyond "rotate q/k" and "add this mask".
+
+Activations arrive as rows, [B * T, d], one per token (the Transformer flattens them once after
+the embedding): a Linear then runs one GEMM on its input as it is, where a [B, T, d] input costs
+a view before and after the GEMM and a node for each in backward. At a CPU sweep point's size
+(d 12, 2 layers) that was ~2.5 % of a training step (docs/performance.md). Attention is the one
+place that needs B and T back; the AttnContext carries them.
 """
 
 from __future__ import annotations
@@ -24,11 +30,18 @@ from .positions import Rotary, _identity
 class AttnContext:
     """What one attention call needs besides its input, built once per forward per stack."""
 
+    batch: int  # B of the [B * T, d] rows
+    q_len: int  # T: positions of the queries, and of self-attention's new keys
+    k_len: int  # positions of the keys: past and new (self-attention), or of the memory (cross)
     rotary: Rotary = _identity  # applied to q and the new k (RoPE); identity otherwise
     # additive float mask broadcastable to [B, H, Tq, Tk]: 0 / bias where allowed, a very
     # negative number where not (padding, future). None: no mask.
     mask: torch.Tensor | None = None
     is_causal: bool = False  # SDPA's fast causal path; only used when mask is None
+    # Whether this forward's self-attention takes the CPU small-head path: asked by the first
+    # layer that may take it and kept for the others (they see the same shapes, dtype and
+    # threads). None: not asked yet. The question cost ~10 us a layer inside a forward.
+    small_heads: bool | None = None
 
 
 class KVCache:
@@ -62,24 +75,34 @@ class _Attention(nn.Module):
     def _make_projections(self, cfg: ModelConfig) -> None:
         raise NotImplementedError
 
-    def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
-        b, s, _ = t.shape
-        return t.view(b, s, n, self.head_dim).transpose(1, 2)  # [B, n, S, hd]
+    def _heads(self, t: torch.Tensor, b: int, s: int, n: int) -> torch.Tensor:
+        """Rows [B * S, n * hd] -> [B, n, S, hd] (a view)."""
+        return t.view(b, s, n, self.head_dim).transpose(1, 2)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 ctx: AttnContext) -> torch.Tensor:
         mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
         dropout = self.dropout if self.training else 0.0
         causal = ctx.is_causal and mask is None
-        if (self.small_heads and small_head_attention.applies(q, k, dropout)  # CPU training
-                and small_head_attention.pays(q, k, mask, causal)):  # timed faster here
+        if self.small_heads and self._takes_small_heads(q, k, mask, causal, dropout, ctx):
             y = small_head_attention.attention(q, k, v, mask, causal, self.scale)
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
                 enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)
         b, _, t, _ = y.shape
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+        return self.o_proj(y.transpose(1, 2).reshape(b * t, self.n_heads * self.head_dim))
+
+    @staticmethod
+    def _takes_small_heads(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
+                           causal: bool, dropout: float, ctx: AttnContext) -> bool:
+        """The stack's answer for this forward (``AttnContext.small_heads``), asked once."""
+        choice = ctx.small_heads
+        if choice is None:
+            choice = small_head_attention.chosen(q, k, mask, causal, dropout)
+            if not torch.compiler.is_compiling():  # a traced block region must not write to ctx
+                ctx.small_heads = choice
+        return choice
 
 
 class SelfAttention(_Attention):
@@ -99,15 +122,20 @@ class SelfAttention(_Attention):
         fused_layout.register(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"), self.splits)
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k, v projections of x, each [B, T, features] (strided views of one GEMM)."""
+        """q, k, v projections of the rows x, each [B * T, features] (strided views of one GEMM)."""
         return self.qkv_proj(x).split(self.splits, dim=-1)
+
+    def heads(self, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, ...]:
+        """q, k, v of the rows x [B * T, d], each [B, heads, T, head_dim]; q and k rotated."""
+        b, t = ctx.batch, ctx.q_len
+        q, k, v = self.qkv(x)
+        return (ctx.rotary(self._heads(q, b, t, self.n_heads)),
+                ctx.rotary(self._heads(k, b, t, self.n_kv_heads)), self._heads(v, b, t, self.n_kv_heads))
 
     def forward(self, x: torch.Tensor, ctx: AttnContext,
                 cache: KVCache | None = None) -> torch.Tensor:
-        q, k, v = self.qkv(x)
-        q = ctx.rotary(self._heads(q, self.n_heads))
-        k = ctx.rotary(self._heads(k, self.n_kv_heads))
-        v = self._heads(v, self.n_kv_heads)
+        """x: rows [B * T, d] (ctx.batch x ctx.q_len); returns the same shape."""
+        q, k, v = self.heads(x, ctx)
         if cache is not None:  # append the new (already rotated) keys to the past ones
             if cache.k is not None:
                 k = torch.cat([cache.k, k], dim=2)
@@ -127,12 +155,14 @@ class CrossAttention(_Attention):
 
     def forward(self, x: torch.Tensor, ctx: AttnContext, memory: torch.Tensor,
                 cache: KVCache | None = None) -> torch.Tensor:
-        q = self._heads(self.q_proj(x), self.n_heads)
+        """x: rows [B * T, d]; memory: the encoder's rows [B * S, d] (ctx.k_len is S)."""
+        b = ctx.batch
+        q = self._heads(self.q_proj(x), b, ctx.q_len, self.n_heads)
         if cache is not None and cache.k is not None:  # encoder K/V computed once per sequence
             k, v = cache.k, cache.v
         else:
-            k = self._heads(self.k_proj(memory), self.n_kv_heads)
-            v = self._heads(self.v_proj(memory), self.n_kv_heads)
+            k = self._heads(self.k_proj(memory), b, ctx.k_len, self.n_kv_heads)
+            v = self._heads(self.v_proj(memory), b, ctx.k_len, self.n_kv_heads)
             if cache is not None:
                 cache.k, cache.v = k, v
         return self._attend(q, k, v, ctx)

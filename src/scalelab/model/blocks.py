@@ -60,7 +60,11 @@ class LayerCache:
 
 
 class Block(nn.Module):
-    """Self-attention then MLP, each inside a residual wrapper (encoder / decoder-only block)."""
+    """Self-attention then MLP, each inside a residual wrapper (encoder / decoder-only block).
+
+    Takes and returns rows [B * T, d], as every layer of a stack (attention.py says why), so
+    forward hooks on blocks and sublayers see that shape; ``ctx.batch`` and ``ctx.q_len`` give
+    B and T back."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -95,7 +99,7 @@ class CrossBlock(Block):
 
 
 class Stack(nn.Module):
-    """n blocks plus an optional final norm (on by default for pre-LN)."""
+    """n blocks plus an optional final norm (on by default for pre-LN), over rows [B * T, d]."""
 
     def __init__(self, cfg: ModelConfig, n_layers: int, cross: bool) -> None:
         super().__init__()

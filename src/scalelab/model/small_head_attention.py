@@ -47,6 +47,16 @@ def may_apply(head_dim: int, dropout: float) -> bool:
     return head_dim <= MAX_HEAD_DIM and not dropout
 
 
+def chosen(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+           dropout_p: float) -> bool:
+    """Whether this attention call takes the path: it ``applies`` and ``pays``. A shape already
+    timed slower here is answered first, from one lookup: on a CPU where SDPA wins, that is every
+    call after the first (the tests ``applies`` makes cost ~10 us a call inside a forward)."""
+    if MODE == "measure" and _BY_SHAPE.get(_shapes(q, k, mask, is_causal)) is False:
+        return False
+    return applies(q, k, dropout_p) and pays(q, k, mask, is_causal)
+
+
 def applies(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
     """Whether this path is used: a training forward (its backward is the gain) in plain fp32 on
     one CPU thread (with more, flash parallelizes better), small heads, no dropout, not compiling
@@ -71,11 +81,16 @@ def pays(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal:
     "measure" takes SDPA."""
     if MODE != "measure" or torch.are_deterministic_algorithms_enabled():
         return MODE == "on"
-    shapes = (q.shape, k.shape, None if mask is None else mask.shape, is_causal)
+    shapes = _shapes(q, k, mask, is_causal)
     faster = _BY_SHAPE.get(shapes)
     if faster is None:
         faster = _BY_SHAPE[shapes] = _timed_faster(q, k, mask, is_causal)
     return faster
+
+
+def _shapes(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
+            is_causal: bool) -> tuple[object, ...]:
+    return q.shape, k.shape, None if mask is None else mask.shape, is_causal
 
 
 def _timed_faster(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,

@@ -25,14 +25,16 @@ from .variants import ARCHS
 MASK_VALUE = -3.0e4
 
 
-def build_context(q_pos: torch.Tensor, k_len: int, causal: bool,
+def build_context(batch: int, q_pos: torch.Tensor, k_len: int, causal: bool,
                   key_keep: torch.Tensor | None,
                   bias: torch.Tensor | None) -> AttnContext:
-    """One additive mask from causality, key padding (bool [B, Tk], True = real token) and a
-    positional bias ([H, Tq, Tk], ALiBi). Without any of them SDPA's own causal path is used."""
+    """The context of ``batch`` sequences whose queries sit at ``q_pos`` and whose keys number
+    ``k_len``: one additive mask from causality, key padding (bool [B, Tk], True = real token)
+    and a positional bias ([H, Tq, Tk], ALiBi). Without any of them SDPA's own causal path is
+    used."""
     q_len = q_pos.shape[0]
     if bias is None and key_keep is None and not (causal and q_len != k_len):
-        return AttnContext(mask=None, is_causal=causal)
+        return AttnContext(batch, q_len, k_len, mask=None, is_causal=causal)
     k_pos = torch.arange(k_len, device=q_pos.device)
     allowed = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=q_pos.device)
     if causal:
@@ -40,7 +42,8 @@ def build_context(q_pos: torch.Tensor, k_len: int, causal: bool,
     if key_keep is not None:
         allowed = allowed & key_keep.bool()[:, None, None, :]
     base = torch.zeros((), device=q_pos.device) if bias is None else bias[None].float()
-    return AttnContext(mask=torch.where(allowed, base, torch.tensor(MASK_VALUE, device=q_pos.device)))
+    mask = torch.where(allowed, base, torch.tensor(MASK_VALUE, device=q_pos.device))
+    return AttnContext(batch, q_len, k_len, mask=mask)
 
 
 class DecodeCache:
@@ -146,12 +149,12 @@ class Transformer(nn.Module):
                src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Encoder output [B, S, d] (bidirectional, source padding masked as keys)."""
         assert self.encoder is not None
-        s = src_ids.shape[1]
+        b, s = src_ids.shape
         self.pos.check_length(s, what=f"source of length {s}")
         pos = torch.arange(s, device=src_ids.device)
-        ctx = build_context(pos, s, causal=False, key_keep=src_mask, bias=self.pos.bias(pos, pos))
+        ctx = build_context(b, pos, s, causal=False, key_keep=src_mask, bias=self.pos.bias(pos, pos))
         ctx.rotary = self.pos.rotary(pos)
-        return self.encoder(self._embed(src_ids, pos), ctx)
+        return self.encoder(self._embed(src_ids, pos).view(b * s, -1), ctx).view(b, s, -1)
 
     def forward(self, input_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None,
@@ -197,17 +200,19 @@ class Transformer(nn.Module):
                 b, t, dtype=torch.bool, device=input_ids.device)
             key_keep = cache.key_keep = torch.cat([past, new.bool()], dim=1)
         k_pos = pos if offset == 0 else torch.arange(offset + t, device=input_ids.device)
-        ctx = build_context(pos, offset + t, causal=self.causal, key_keep=key_keep,
+        ctx = build_context(b, pos, offset + t, causal=self.causal, key_keep=key_keep,
                             bias=self.pos.bias(pos, k_pos))
         ctx.rotary = self.pos.rotary(pos)
         cross_ctx = None
         if memory is not None:
-            cross_ctx = build_context(pos, memory.shape[1], causal=False, key_keep=src_keep, bias=None)
-        x = stack(self._embed(input_ids, pos), ctx, None if cache is None else cache.layers,
-                  memory, cross_ctx)
+            cross_ctx = build_context(b, pos, memory.shape[1], causal=False, key_keep=src_keep, bias=None)
+            memory = memory.flatten(0, 1)
+        # the stacks work on rows [B * T, d] (attention.py says why)
+        x = stack(self._embed(input_ids, pos).view(b * t, -1), ctx,
+                  None if cache is None else cache.layers, memory, cross_ctx)
         if self.mlm_transform is not None:
             x = self.mlm_transform(x)
-        logits = self.lm_head(x)
+        logits = self.lm_head(x).view(b, t, -1)
         return logits if self.output_mult == 1.0 else logits * self.output_mult
 
     # --- decoding ------------------------------------------------------------------------

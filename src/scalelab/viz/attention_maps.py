@@ -32,9 +32,7 @@ def attention_weights(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor
             h.remove()
     maps = []
     for attn, x, ctx in captured:
-        q, k, _ = attn.qkv(x)
-        q = ctx.rotary(attn._heads(q, attn.n_heads))  # type: ignore[attr-defined]
-        k = ctx.rotary(attn._heads(k, attn.n_kv_heads))  # type: ignore[attr-defined]
+        q, k, _ = attn.heads(x, ctx)  # type: ignore[arg-type]
         k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)  # GQA/MQA, as SDPA
         scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(attn.head_dim)
         t = scores.shape[-1]
