@@ -47,7 +47,7 @@ def test_attention_weights_reproduce_the_sdpa_output(kw: dict) -> None:
     hooks = [m.register_forward_hook(lambda m, a, k, o: outs.append((m, o)), with_kwargs=True)
              for m in model.modules() if isinstance(m, SelfAttention)]
     ins: list[tuple[torch.Tensor, object]] = []
-    hooks += [m.register_forward_pre_hook(lambda m, a, k: ins.append((a[0], k["ctx"])), with_kwargs=True)
+    hooks += [m.register_forward_pre_hook(lambda m, a: ins.append((a[0], a[1])))
               for m in model.modules() if isinstance(m, SelfAttention)]
     model(ids)
     for h in hooks:

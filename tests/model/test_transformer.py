@@ -217,6 +217,8 @@ def test_usage_errors_are_clear() -> None:
     learned = Transformer(tiny(max_seq_len=8, arch="encoder_decoder"))
     with pytest.raises(ValueError, match="source of length 9"):
         learned(ids(1, 4), src_ids=ids(1, 9))
+    with pytest.raises(ValueError, match="input of length 9 at offset 0 needs positions up to 9"):
+        learned(ids(1, 9), src_ids=ids(1, 4))
 
 
 def test_logits_shape_and_loss_outside() -> None:

@@ -30,8 +30,8 @@ class PreNorm(nn.Module):
         super().__init__()
         self.norm, self.fn, self.drop = build_norm(cfg), fn, dropout_or_none(cfg)
 
-    def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
-        y = self.fn(self.norm(x), **kw)
+    def forward(self, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        y = self.fn(self.norm(x), *args)
         return x + (y if self.drop is None else self.drop(y))
 
 
@@ -42,8 +42,8 @@ class PostNorm(nn.Module):
         super().__init__()
         self.norm, self.fn, self.drop = build_norm(cfg), fn, dropout_or_none(cfg)
 
-    def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
-        y = self.fn(x, **kw)
+    def forward(self, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        y = self.fn(x, *args)
         return self.norm(x + (y if self.drop is None else self.drop(y)))
 
 
@@ -78,7 +78,8 @@ class Block(nn.Module):
         # The residual wrappers are entered through .forward, not nn.Module.__call__: they only
         # pair a norm with its sublayer (and name their state_dict keys), and at a sweep point's
         # size (d=12) their two calls a block cost ~0.5 % of a step. Hooks go on the sublayers.
-        x = self.self_attn.forward(x, ctx=ctx, cache=None if cache is None else cache.self_attn)
+        # Arguments go on positionally: keyword packing cost ~0.2 % more.
+        x = self.self_attn.forward(x, ctx, None if cache is None else cache.self_attn)
         return self.mlp.forward(x)
 
 
@@ -92,9 +93,8 @@ class CrossBlock(Block):
     def forward(self, x: torch.Tensor, ctx: AttnContext, cache: LayerCache | None = None,
                 memory: torch.Tensor | None = None, cross_ctx: AttnContext | None = None,
                 ) -> torch.Tensor:
-        x = self.self_attn.forward(x, ctx=ctx, cache=None if cache is None else cache.self_attn)
-        x = self.cross_attn.forward(x, ctx=cross_ctx, memory=memory,
-                                    cache=None if cache is None else cache.cross_attn)
+        x = self.self_attn.forward(x, ctx, None if cache is None else cache.self_attn)
+        x = self.cross_attn.forward(x, cross_ctx, memory, None if cache is None else cache.cross_attn)
         return self.mlp.forward(x)  # the wrappers' .forward: see Block.forward
 
 
@@ -117,14 +117,20 @@ class Stack(nn.Module):
                 caches: list[LayerCache] | None = None,
                 memory: torch.Tensor | None = None,
                 cross_ctx: AttnContext | None = None) -> torch.Tensor:
-        recompute = self.checkpointing and self.training and torch.is_grad_enabled() and caches is None
-        for i, block in enumerate(self.blocks):
-            if recompute:
+        # One loop per way of running the blocks: tests inside the loop cost ~0.3 % of a sweep
+        # point's step.
+        if caches is not None:  # decoding: each block has its KV cache
+            for block, cache in zip(self.blocks, caches, strict=True):
+                x = block(x, ctx, cache, memory, cross_ctx)
+        elif self.checkpointing and self.training and torch.is_grad_enabled():
+            for block in self.blocks:
                 x = checkpoint(block, x, ctx, None, memory, cross_ctx, use_reentrant=False)
-            elif self.block_regions and caches is None:
+        elif self.block_regions:
+            for block in self.blocks:
                 x = _block_region(block, x, ctx, None, memory, cross_ctx)
-            else:
-                x = block(x, ctx, None if caches is None else caches[i], memory, cross_ctx)
+        else:
+            for block in self.blocks:
+                x = block(x, ctx, None, memory, cross_ctx)
         return self.final_norm(x)
 
 

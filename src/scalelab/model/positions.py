@@ -35,8 +35,9 @@ class Position(nn.Module):
         super().__init__()
         self.max_seq_len = cfg.max_seq_len
 
-    def check_length(self, end: int, what: str = "input") -> None:
-        """Raise if positions up to ``end`` do not fit. Only a learned table has a limit."""
+    def check_length(self, end: int, what: str = "input", *args: object) -> None:
+        """Raise if positions up to ``end`` do not fit; ``what % args`` names the input (formatted
+        only then, as logging does: this runs every forward). Only a learned table has a limit."""
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
@@ -59,10 +60,10 @@ class LearnedPosition(Position):
         super().__init__(cfg)
         self.table = nn.Embedding(cfg.max_seq_len, cfg.d_model)
 
-    def check_length(self, end: int, what: str = "input") -> None:
+    def check_length(self, end: int, what: str = "input", *args: object) -> None:
         if end > self.max_seq_len:
             raise ValueError(
-                f"{what} needs positions up to {end}, but the learned position table has "
+                f"{what % args} needs positions up to {end}, but the learned position table has "
                 f"max_seq_len={self.max_seq_len} rows; crop the sequence to {self.max_seq_len} "
                 f"tokens or build the model with a larger model.max_seq_len")
 

@@ -150,7 +150,7 @@ class Transformer(nn.Module):
         """Encoder output [B, S, d] (bidirectional, source padding masked as keys)."""
         assert self.encoder is not None
         b, s = src_ids.shape
-        self.pos.check_length(s, what=f"source of length {s}")
+        self.pos.check_length(s, "source of length %d", s)
         pos = torch.arange(s, device=src_ids.device)
         ctx = build_context(b, pos, s, causal=False, key_keep=src_mask, bias=self.pos.bias(pos, pos))
         ctx.rotary = self.pos.rotary(pos)
@@ -189,7 +189,7 @@ class Transformer(nn.Module):
         assert stack is not None
         b, t = input_ids.shape
         offset = 0 if cache is None else cache.offset
-        self.pos.check_length(offset + t, what=f"input of length {t} at offset {offset}")
+        self.pos.check_length(offset + t, "input of length %d at offset %d", t, offset)
         pos = torch.arange(offset, offset + t, device=input_ids.device)
         key_keep = attention_mask
         if cache is not None and (attention_mask is not None or cache.key_keep is not None):

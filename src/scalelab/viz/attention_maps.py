@@ -20,10 +20,10 @@ def attention_weights(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor
     """[layers, heads, T, T] attention probabilities of the self-attention layers for ids [1, T]."""
     captured: list[tuple[SelfAttention, torch.Tensor, object]] = []
 
-    def hook(module: SelfAttention, args: tuple, kwargs: dict) -> None:
-        captured.append((module, args[0], kwargs["ctx"]))
+    def hook(module: SelfAttention, args: tuple) -> None:
+        captured.append((module, args[0], args[1]))  # (x, ctx)
 
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
+    handles = [m.register_forward_pre_hook(hook)
                for m in model.modules() if isinstance(m, SelfAttention)]
     try:
         model.eval()(ids)
