@@ -288,7 +288,11 @@ def mask_tokens(
 ) -> Batch:
     """BERT masking: select ``mask_prob`` of the tokens; of those 80 % -> mask, 10 % -> a
     random ordinary token, 10 % unchanged. labels = original id at selected positions, -100
-    elsewhere. Special tokens (e.g. the eot separator) are never selected."""
+    elsewhere. Special tokens (e.g. the eot separator) are never selected.
+
+    No ``attention_mask``: windows have no padding, and an all-True one would cost the encoder an
+    additive [B, 1, T, T] mask and SDPA's masked kernel in every layer (1-2 % of an encoder step
+    on a 2-core Intel Xeon, docs/performance.md)."""
     shape = tuple(x.shape)
     sel = rng.random(shape) < mask_prob
     if special_ids:
@@ -301,11 +305,7 @@ def mask_tokens(
     inp[torch.from_numpy(sel & (action < 0.8))] = mask_id
     rnd = torch.from_numpy(sel & (action >= 0.8) & (action < 0.9))
     inp[rnd] = torch.from_numpy(rand_tok)[rnd]
-    return {
-        "input_ids": inp,
-        "attention_mask": torch.ones(shape, dtype=torch.bool),
-        "labels": labels,
-    }
+    return {"input_ids": inp, "labels": labels}
 
 
 class _MLMMaker:
@@ -322,8 +322,8 @@ class _MLMMaker:
 
 class MaskedLMDataModule(_StreamDataModule):
     """Windows of ``block_size`` tokens with BERT masking;
-    batch = {input_ids Long, attention_mask Bool (all True: windows have no padding),
-    labels Long with -100 on non-selected positions}."""
+    batch = {input_ids Long, labels Long with -100 on non-selected positions} (no padding, so
+    no attention_mask)."""
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ the train metrics (loss, perplexity, lr, grad norm, tokens seen) and token-weigh
 metrics. Subclasses only say how a batch becomes a loss and what else validation measures.
 
     CausalLM  decoder,          batch {input_ids, labels}
-    MaskedLM  encoder,          batch {input_ids, attention_mask, labels (-100 = not masked)}
+    MaskedLM  encoder,          batch {input_ids, labels (-100 = not masked), attention_mask if padded}
     Seq2Seq   encoder_decoder,  batch {src_ids, src_mask, tgt_in, tgt_mask, labels (-100 = pad)}
 
 Do not override ``on_before_batch_transfer`` here: the DataModules count consumed batches in
