@@ -35,7 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from scalelab.runtime import apply_omp_env, thread_plan
+from scalelab.runtime import apply_omp_env, keep_freed_memory, thread_plan
 
 if not ("--_loop-child" in sys.argv and "SCALELAB_BENCH_THREADS" in os.environ):
     apply_omp_env()  # before torch loads libgomp; a hand-picked child keeps its own setting
@@ -722,8 +722,12 @@ def main(argv: list[str] | None = None) -> int:
     loop_steps, platform_steps = args.loop_steps or loop_steps, args.platform_steps or platform_steps
     plan = thread_plan()
     torch.set_num_threads(plan.threads)
+    # The plain loops get the heap settings every scalelab command runs with: otherwise how often
+    # their steps page-fault depends on which presets ran before in this process (the encoder's
+    # plain loop ran 5-10 % faster after the llama preset's), not on the code being compared.
+    heap = "tuned heap" if keep_freed_memory() else "glibc's default heap"
     load = plan.load  # other processes' CPU use measured now (the load average lags a minute)
-    print(f"bench_train ({mode}): {plan.describe()}; torch {torch.__version__}; "
+    print(f"bench_train ({mode}): {plan.describe()}, {heap}; torch {torch.__version__}; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     table_of = GPU_PRESETS if args.gpu else PRESETS
     results, t0 = [], time.time()

@@ -197,3 +197,38 @@ def test_startup_gc_pause_freezes_what_startup_built_and_a_job_end_releases_it()
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+
+_MMAPPED_4MB = """
+import ctypes, sys
+if sys.argv[1] == "cli":
+    import scalelab.cli  # what every scalelab command imports first
+elif sys.argv[1] == "tuned":
+    from scalelab import runtime
+    assert runtime.keep_freed_memory()
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype, libc.malloc.restype, libc.free.argtypes = MallInfo2, ctypes.c_void_p, [ctypes.c_void_p]
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(4 << 20)
+print(libc.mallinfo2().hblkhd - before)  # bytes glibc mapped for it apart from the heap
+libc.free(block)
+"""
+
+
+def _mapped_apart(mode: str, **env: str) -> int:
+    return int(subprocess.run([sys.executable, "-c", _MMAPPED_4MB, mode], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, **env}, check=True).stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_tuned_heap_serves_large_blocks_itself() -> None:
+    """glibc maps a 4 MiB block apart from its heap by default (and unmaps it when freed, so the
+    next one faults in again); tuned, the heap serves it. A user's own settings are kept."""
+    assert _mapped_apart("default") >= 4 << 20
+    assert _mapped_apart("tuned") == 0
+    assert _mapped_apart("cli") == 0  # every scalelab command
+    assert _mapped_apart("cli", MALLOC_TRIM_THRESHOLD_="131072") >= 4 << 20
