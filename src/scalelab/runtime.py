@@ -1,4 +1,5 @@
-"""CPU run-time settings chosen from the machine: torch threads, OpenMP wait policy, bf16 support.
+"""CPU run-time settings chosen from the machine: torch threads, OpenMP wait policy, bf16 support,
+and glibc's heap (:func:`keep_freed_memory`).
 
 Imports nothing heavy (no torch): ``scalelab.cli`` applies :func:`apply_omp_env` before torch
 loads libgomp, which reads ``OMP_WAIT_POLICY`` once, at load time.
@@ -256,7 +257,7 @@ def freeze_heap_before_exit() -> None:
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 MMAP_THRESHOLD = 32 << 20  # the most glibc accepts on 64-bit: blocks up to this come from the heap
 TRIM_THRESHOLD = 128 << 20  # free memory the heap keeps at its top instead of returning it
-_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def keep_freed_memory() -> bool:
@@ -268,9 +269,10 @@ def keep_freed_memory() -> bool:
     back in step after step: the bert_mlm_small encoder's step took 2,000-3,200 minor faults and
     2.7-5.3 ms of system time (of ~72 ms CPU) on a 2-core Intel Xeon, 28 faults and 0.1-0.35 ms
     with these settings, and ran ~5 % faster (docs/performance.md, twenty-eighth session). Linux
-    with glibc only; a user's MALLOC_* or GLIBC_TUNABLES settings are left alone. Returns whether
-    it applied."""
-    if not sys.platform.startswith("linux") or any(k in os.environ for k in _MALLOC_ENV):
+    with glibc only; a user's own malloc settings (MALLOC_* or glibc.malloc tunables) are left
+    alone. Returns whether it applied."""
+    if (not sys.platform.startswith("linux") or any(k in os.environ for k in _MALLOC_ENV)
+            or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")):
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt

@@ -232,3 +232,5 @@ def test_a_tuned_heap_serves_large_blocks_itself() -> None:
     assert _mapped_apart("tuned") == 0
     assert _mapped_apart("cli") == 0  # every scalelab command
     assert _mapped_apart("cli", MALLOC_TRIM_THRESHOLD_="131072") >= 4 << 20
+    assert _mapped_apart("cli", GLIBC_TUNABLES="glibc.malloc.mmap_threshold=131072") >= 4 << 20
+    assert _mapped_apart("cli", GLIBC_TUNABLES="glibc.cpu.x86_shstk=off") == 0  # not about malloc
