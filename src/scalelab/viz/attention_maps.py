@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from scalelab.model.attention import SelfAttention
+from scalelab.model.attention import AttnContext, SelfAttention
 
 
 @torch.no_grad()
 def attention_weights(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """[layers, heads, T, T] attention probabilities of the self-attention layers for ids [1, T]."""
-    captured: list[tuple[SelfAttention, torch.Tensor, object]] = []
+    captured: list[tuple[SelfAttention, torch.Tensor, AttnContext]] = []
 
     def hook(module: SelfAttention, args: tuple) -> None:
         captured.append((module, args[0], args[1]))  # (x, ctx)
@@ -32,13 +32,13 @@ def attention_weights(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor
             h.remove()
     maps = []
     for attn, x, ctx in captured:
-        q, k, _ = attn.heads(x, ctx)  # type: ignore[arg-type]
+        q, k, _ = attn.heads(x, ctx)
         k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)  # GQA/MQA, as SDPA
         scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(attn.head_dim)
         t = scores.shape[-1]
-        if ctx.mask is not None:  # type: ignore[attr-defined]
-            scores = scores + ctx.mask.float()  # type: ignore[attr-defined]
-        elif ctx.is_causal:  # type: ignore[attr-defined]
+        if ctx.mask is not None:
+            scores = scores + ctx.mask.float()
+        elif ctx.is_causal:
             future = torch.ones(t, t, dtype=torch.bool, device=scores.device).triu(1)
             scores = scores.masked_fill(future, float("-inf"))
         maps.append(scores.softmax(-1)[0])
