@@ -92,3 +92,40 @@ def test_alibi_bias_enters_the_scores() -> None:
     s = s.masked_fill(~torch.tril(torch.ones(5, 5, dtype=torch.bool)), float("-inf"))
     y = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(1, 5, 32)
     torch.testing.assert_close(out, attn.o_proj(y))
+
+
+def _bf16_attention_by_hand(attn: SelfAttention, x: torch.Tensor, ctx: object,
+                            sdpa_dtype: torch.dtype) -> torch.Tensor:
+    """The module's attention under CPU bf16 autocast with SDPA run in ``sdpa_dtype``."""
+    import torch.nn.functional as F
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, k, v = attn.heads(x.flatten(0, 1), ctx)
+        mask = None if ctx.mask is None else ctx.mask.to(sdpa_dtype)
+        with torch.autocast("cpu", enabled=False):
+            y = F.scaled_dot_product_attention(q.to(sdpa_dtype), k.to(sdpa_dtype), v.to(sdpa_dtype),
+                                               attn_mask=mask, is_causal=ctx.is_causal and mask is None,
+                                               enable_gqa=attn.n_kv_heads != attn.n_heads)
+        b, _, t, _ = y.shape
+        return attn.o_proj(y.to(torch.bfloat16).transpose(1, 2).reshape(b * t, -1)).view(x.shape)
+
+
+@pytest.mark.parametrize("n_kv_heads, padded", [(4, False), (2, True)])
+def test_bf16_training_attention_runs_sdpa_in_fp32_on_cpu(n_kv_heads: int, padded: bool) -> None:
+    """torch's CPU flash-attention backward is 4-5x slower in bf16 than in fp32, so a bf16
+    training forward computes SDPA in fp32; a forward without gradients keeps bf16 SDPA."""
+    attn = SelfAttention(tiny(n_kv_heads=n_kv_heads))
+    x = torch.randn(2, 6, 32)
+    keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2]) if padded else None
+    ctx = build_context(2, torch.arange(6), 6, causal=not padded, key_keep=keep, bias=None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = on_rows(attn, x, ctx)
+    assert out.dtype == torch.bfloat16
+    expected = _bf16_attention_by_hand(attn, x, ctx, torch.float32)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    grads = torch.autograd.grad(out.float().sum(), attn.qkv_proj.weight)
+    torch.testing.assert_close(grads, torch.autograd.grad(expected.float().sum(), attn.qkv_proj.weight),
+                               rtol=0, atol=0)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(on_rows(attn, x, ctx), _bf16_attention_by_hand(attn, x, ctx, torch.bfloat16),
+                                   rtol=0, atol=0)

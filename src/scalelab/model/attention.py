@@ -25,6 +25,8 @@ from . import fused_layout, small_head_attention
 from .config import ModelConfig
 from .positions import Rotary, _identity
 
+_REDUCED = (torch.bfloat16, torch.float16)  # dtypes whose CPU attention backward runs in fp32
+
 
 @dataclass
 class AttnContext:
@@ -86,12 +88,31 @@ class _Attention(nn.Module):
         causal = ctx.is_causal and mask is None
         if self.small_heads and self._takes_small_heads(q, k, mask, causal, dropout, ctx):
             y = small_head_attention.attention(q, k, v, mask, causal, self.scale)
+        elif q.dtype in _REDUCED and q.device.type == "cpu" and q.requires_grad:
+            y = self._sdpa_in_fp32(q, k, v, ctx.mask, dropout, causal)
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
                 enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)
         b, _, t, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(b * t, self.n_heads * self.head_dim))
+
+    def _sdpa_in_fp32(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      mask: torch.Tensor | None, dropout: float, causal: bool) -> torch.Tensor:
+        """SDPA of bf16/fp16 q, k, v computed in fp32, returned in their dtype.
+
+        torch's CPU flash attention runs its backward 4-5x slower in bf16 than in fp32 (a
+        shakespeare_char layer, 2 threads on an AMX Xeon: 4.7 against 1.1 ms forward + backward;
+        the forward alone is as fast): with it bf16 autocast trained at 0.8x fp32's speed, with
+        attention in fp32 at 1.3-1.6x (docs/performance.md, bf16 on CPU). Autocast would cast
+        the inputs back to bf16, so it is off for this call."""
+        dtype = q.dtype
+        with torch.autocast("cpu", enabled=False):
+            y = F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), attn_mask=None if mask is None else mask.float(),
+                dropout_p=dropout, is_causal=causal, enable_gqa=self.n_kv_heads != self.n_heads,
+                scale=self.scale)
+        return y.to(dtype)
 
     @staticmethod
     def _takes_small_heads(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
