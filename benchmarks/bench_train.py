@@ -398,8 +398,10 @@ def bench_preset(name: str, overrides: list[str], rounds: int, loop_steps: int,
         for side, times in run_interleaved(loops, loop_steps, per_turn=turn).items():
             step_times[side].append(statistics.median(t for t, _ in times))
             step_cpu[side].append(statistics.median(c for _, c in times))
-        # one validation mid-run as well as the last step's, so its cost is measured
-        plat.append(run_platform([*overrides, f"train.val_every={max(1, platform_steps // 2)}"],
+        # one validation mid-run as well as the last step's, so its cost is measured; on a CPU in
+        # fp32 like the plain loops (trainer.precision=auto would take bf16 on an AMX CPU)
+        equal = [] if gpu else ["trainer.precision=32-true"]
+        plat.append(run_platform([*overrides, *equal, f"train.val_every={max(1, platform_steps // 2)}"],
                                  platform_steps, workdir, threads, gpu, partner=loops["model"], turn=turn))
         log(f"  {name} round {r + 1}/{rounds} ({threads} thread{'s' * (threads > 1)}): " + ", ".join(
             f"{s} {loop.tokens / step_times[s][-1]:,.0f} tok/s" for s, loop in loops.items())

@@ -198,6 +198,39 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
         return False
 
 
+def cpu_has_amx_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU has AMX tiles for bf16 (``amx_bf16``), where bf16 GEMMs ran 4-8x fp32's."""
+    flags = cpu_flags(cpuinfo)
+    if flags:
+        return "amx_bf16" in flags
+    try:  # no /proc/cpuinfo: ask torch
+        import torch
+
+        return "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper()
+    except Exception:
+        return False
+
+
+# trainer.precision=auto takes bf16 autocast on a CPU only with AMX and from this width up. On a
+# 2-core AMX Xeon (twenty-ninth session, docs/performance.md "bf16 on CPU"), a training step in
+# bf16 against fp32: d_model 128 models 1.30-1.58x faster; the d_model 64 encoder-decoder 0.93x and
+# a sweep point's d_model 12 0.72x, where casts outweigh the faster GEMMs. Without AMX
+# (AVX512-BF16 alone) bf16 measured 1.06x before attention ran in fp32, and has not been since.
+AUTO_BF16_MIN_D_MODEL = 128
+
+
+def auto_precision(on_gpu: bool, d_model: int, gpu_bf16: bool = False,
+                   cpuinfo: str | None = None) -> tuple[str, str]:
+    """What ``trainer.precision=auto`` runs, and why (one phrase for the start banner)."""
+    if on_gpu:
+        return ("bf16-mixed", "the GPU has bf16") if gpu_bf16 else ("32-true", "the GPU has no bf16")
+    if not cpu_has_amx_bf16(cpuinfo):
+        return "32-true", "this CPU has no AMX-BF16"
+    if d_model < AUTO_BF16_MIN_D_MODEL:
+        return "32-true", f"d_model {d_model} < {AUTO_BF16_MIN_D_MODEL}, where bf16 ran slower"
+    return "bf16-mixed", f"AMX-BF16 CPU, d_model {d_model} >= {AUTO_BF16_MIN_D_MODEL}"
+
+
 def check_cpu_precision(precision: str, accelerator: str, has_cuda: bool,
                         native_bf16: bool | None = None) -> None:
     """Refuse bf16 on a CPU without bf16 units: it would run ~16x slower than fp32, silently."""

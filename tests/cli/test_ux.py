@@ -108,9 +108,12 @@ def test_max_time_stops_the_run_and_the_terminal_is_plain(tmp_path: Path, train_
     for needle in ("MLflow UI", "FLOPs/token", "tokens planned", "5/1000000", "scalelab-train finished",
                    "[scalelab-data] "):  # data messages (preparing or reusing the cache)
         assert needle in log, needle
+    # the CPU default trainer.precision=auto says what it chose and why (d_model 32: fp32 anywhere)
+    assert re.search(r"precision     : 32-true \(auto: [^)]+\)", log), log[:3000]
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
     run = client.get_run(summary["run_id"])
+    assert run.data.params["precision"] == "32-true"  # what ran, not "auto"
     assert run.info.run_name.startswith("pystdlib_small,n_layers=1,d_model=32")
     assert len(run.info.run_name) <= 100  # long names end in a hash of the full name
     assert "lr/decay" in run.data.metrics  # LearningRateMonitor (per param group), from the CLI

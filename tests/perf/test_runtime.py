@@ -140,19 +140,52 @@ def test_bf16_allowed_where_native_or_not_on_cpu() -> None:
     R.check_cpu_precision("32-true", "cpu", has_cuda=False, native_bf16=False)
 
 
-def _spec(overrides: list[str]):
+def test_auto_precision_takes_bf16_only_with_amx_and_a_wide_enough_model() -> None:
+    wide = R.AUTO_BF16_MIN_D_MODEL
+    assert R.auto_precision(False, wide, cpuinfo=CPUINFO_SPR) == (
+        "bf16-mixed", f"AMX-BF16 CPU, d_model {wide} >= {wide}")
+    precision, why = R.auto_precision(False, wide // 2, cpuinfo=CPUINFO_SPR)
+    assert precision == "32-true" and "ran slower" in why  # casts outweigh the GEMMs there
+    assert R.auto_precision(False, 4 * wide, cpuinfo=CPUINFO_ZEN4)[0] == "32-true"  # AVX512-BF16 alone
+    assert R.auto_precision(False, 4 * wide, cpuinfo=CPUINFO_ZEN3)[0] == "32-true"
+    assert R.auto_precision(True, 8, gpu_bf16=True)[0] == "bf16-mixed"
+    assert R.auto_precision(True, 8, gpu_bf16=False)[0] == "32-true"
+
+
+def test_auto_precision_is_resolved_into_the_spec_and_the_saved_config() -> None:
+    """What a CPU run with trainer.precision=auto records is what it runs: the spec, the config
+    that is saved and logged, and the banner's reason all say the same, on this machine's CPU."""
+    from scalelab.cli.train import _check_runtime_keys
+    from scalelab.config.spec import build_spec
+
+    for d_model in (R.AUTO_BF16_MIN_D_MODEL // 2, R.AUTO_BF16_MIN_D_MODEL):
+        cfg = _cfg(["trainer.precision=auto", f"model.d_model={d_model}", "model.n_heads=4"])
+        spec = build_spec(cfg)
+        _check_runtime_keys(cfg, spec)
+        expected, why = R.auto_precision(False, d_model)
+        assert spec.trainer.precision == cfg.trainer.precision == expected
+        assert spec.precision_auto == why
+    assert _spec([]).trainer.precision == "auto"  # the CPU default
+
+
+def _cfg(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from scalelab.config import schema
     from scalelab.config.compose import normalize_overrides
-    from scalelab.config.spec import build_spec
     from scalelab.paths import conf_dir
 
     schema.register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return build_spec(compose("train", overrides=normalize_overrides(overrides)))
+        return compose("train", overrides=normalize_overrides(overrides))
+
+
+def _spec(overrides: list[str]):
+    from scalelab.config.spec import build_spec
+
+    return build_spec(_cfg(overrides))
 
 
 def test_a_run_splits_the_cores_between_its_ranks_and_the_sweep(

@@ -51,6 +51,8 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"tokens, {tokens * fpt:.3g} FLOPs)",
         f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data.vocab_size:,}",
         f"threads       : {threads_line()}",
+        f"precision     : {spec.trainer.precision}"
+        + (f" (auto: {spec.precision_auto})" if spec.precision_auto else ""),
     ]
     from scalelab.training.devices import uses_gpu
 

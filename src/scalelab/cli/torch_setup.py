@@ -50,12 +50,19 @@ def quiet_lightning() -> None:
 
 
 def check_precision(spec: RunSpec) -> None:
+    """Resolve ``trainer.precision=auto`` in ``spec`` (the reason goes to ``spec.precision_auto``),
+    then refuse bf16 on a CPU without it."""
     import torch
 
-    from scalelab.runtime import check_cpu_precision
+    from scalelab.runtime import auto_precision, check_cpu_precision
+    from scalelab.training.devices import uses_gpu
 
-    check_cpu_precision(str(spec.trainer.precision), str(spec.trainer.accelerator),
-                        torch.cuda.is_available())
+    accelerator, has_cuda = str(spec.trainer.accelerator), torch.cuda.is_available()
+    if str(spec.trainer.precision) == "auto":
+        on_gpu = uses_gpu(accelerator)
+        spec.trainer.precision, spec.precision_auto = auto_precision(
+            on_gpu, spec.model.d_model, gpu_bf16=on_gpu and has_cuda and torch.cuda.is_bf16_supported())
+    check_cpu_precision(str(spec.trainer.precision), accelerator, has_cuda)
 
 
 def run_threads(spec: RunSpec, plan: Callable[..., Any]) -> int:

@@ -177,6 +177,7 @@ def _check_runtime_keys(cfg: DictConfig, spec: RunSpec) -> None:
     from scalelab.cli.torch_setup import check_precision
 
     check_precision(spec)
+    cfg.trainer.precision = spec.trainer.precision  # "auto" is saved and logged as what runs
     trainer_args.check(cfg)
     if spec.optim.flat_params and spec.world_size > 1:
         raise ValueError(f"optim.flat_params=true needs a one-process run, but this one has "

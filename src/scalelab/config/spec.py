@@ -62,6 +62,7 @@ class RunSpec:
     ckpt_path: str | None
     tags: dict[str, Any]
     init_from: str | None = None  # model.init_from: hf:PATH weights to start from
+    precision_auto: str | None = None  # why trainer.precision=auto chose what it did (resolved at start)
 
     def with_vocab(self, vocab_size: int) -> ModelConfig:
         """The real ModelConfig once the tokenizer's vocabulary is known."""
