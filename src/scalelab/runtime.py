@@ -185,11 +185,10 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 in its flags)."""
+def _cpu_has_any(names: tuple[str, ...], cpuinfo: str | None) -> bool:
     flags = cpu_flags(cpuinfo)
     if flags:
-        return any(f in flags for f in _BF16_FLAGS)
+        return any(f in flags for f in names)
     try:  # no /proc/cpuinfo: ask torch (AMX shows up in its capability string)
         import torch
 
@@ -198,17 +197,14 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
         return False
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 in its flags)."""
+    return _cpu_has_any(_BF16_FLAGS, cpuinfo)
+
+
 def cpu_has_amx_bf16(cpuinfo: str | None = None) -> bool:
     """Whether the CPU has AMX tiles for bf16 (``amx_bf16``), where bf16 GEMMs ran 4-8x fp32's."""
-    flags = cpu_flags(cpuinfo)
-    if flags:
-        return "amx_bf16" in flags
-    try:  # no /proc/cpuinfo: ask torch
-        import torch
-
-        return "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper()
-    except Exception:
-        return False
+    return _cpu_has_any(("amx_bf16",), cpuinfo)
 
 
 # trainer.precision=auto takes bf16 autocast on a CPU only with AMX and from this width up. On a
