@@ -40,7 +40,8 @@ def _base(tmp_path, overrides):
     return BaseRun(cfg=cfg, model_fields=BASE, tokens_per_step=512, micro_batch=16,
                    block_size=32, train_tokens=None, tracking_uri="sqlite:///x.db",
                    artifact_root=None, root=tmp_path, accelerator="cpu", seed=int(cfg.seed),
-                   log_every_n_steps=int(cfg.trainer.log_every_n_steps))
+                   log_every_n_steps=int(cfg.trainer.log_every_n_steps),
+                   precision=str(cfg.trainer.precision))
 
 
 @pytest.mark.parametrize(("override", "hint"), [
@@ -131,3 +132,21 @@ def test_each_point_logs_about_log_points_rows_never_more_often_than_the_base(tm
         assert any(max(floor, -(-p.steps // log_points)) > floor for p in plan.points)
     with pytest.raises(ValueError, match=r"sweep\.log_points=0"):
         RunSettings(name="t", log_points=0)
+
+
+def test_a_cpu_study_trains_every_point_in_one_precision(tmp_path):
+    """trainer.precision=auto (the CPU default) would take bf16 on an AMX CPU for the wide points
+    only: every point of a CPU sweep gets fp32 instead; a precision the user chose is kept."""
+    plan = _plan()
+    for overrides, expected in (([*PRESET], "32-true"),
+                                ([*PRESET, "trainer.precision=bf16-mixed"], "bf16-mixed")):
+        settings = RunSettings(name="t", train_overrides=overrides)
+        base = _base(tmp_path, overrides)
+        for p in plan.points:
+            ov = point_overrides(p, plan.spec, settings, base, tmp_path, "PARENT", "sweep_t")
+            cfg = compose("train", [*overrides, *(f"{k}={v}" for k, v in ov.items()
+                                                   if k == "trainer.precision")])
+            assert cfg.trainer.precision == expected
+    settings = RunSettings(name="t", train_overrides=[*PRESET, "trainer.precision=auto"])
+    with pytest.raises(ValueError, match="one precision"):
+        check_point_overrides(plan, plan.spec, settings, _base(tmp_path, settings.train_overrides))

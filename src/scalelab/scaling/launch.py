@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from scalelab.data.files import atomic_write_json, atomic_write_text
 from scalelab.scaling.plan import FamilyConfig, Plan, PlanPoint, SweepSpec, make_plan
 from scalelab.scaling.shared_overrides import check_shared_overrides, shared_train_overrides
+from scalelab.training.devices import uses_gpu
 
 LAUNCHERS = ("hydra", "subprocess")
 TRAIN_MODULE = "scalelab.cli.train"
@@ -126,6 +127,7 @@ class BaseRun:
     seed: int = 0  # the configured seed: replicate r of a point trains with seed + r
     # the trainer's logging cadence: the floor of each point's (point_log_every); 50 is Lightning's
     log_every_n_steps: int = 50
+    precision: str = "32-true"  # trainer.precision as configured ("auto" is resolved per point)
 
 
 def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
@@ -163,7 +165,7 @@ def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
                    str(cfg.logger.artifact_root) if cfg.logger.artifact_root else None, root,
                    str(cfg.trainer.accelerator), val_tokens, str(spec.train.batch_unit),
                    (spec.train.micro_batch_size or 1) * spec.world_size, int(cfg.seed),
-                   int(cfg.trainer.get("log_every_n_steps") or 50))
+                   int(cfg.trainer.get("log_every_n_steps") or 50), str(cfg.trainer.precision))
 
 
 def build_plan(spec: SweepSpec, family: FamilyConfig, settings: RunSettings,
@@ -229,6 +231,10 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
     if p.branch_of:  # WSD branch: a new run from the main run's checkpoint at start_step
         d["train.init_from"] = str(branch_checkpoint(p, sweep_dir))
     d |= {f"tags.{k}": v for k, v in point_tags(p, settings).items()}
+    if base.precision == "auto" and not uses_gpu(base.accelerator):
+        # auto takes bf16 on an AMX CPU only from d_model 128 up, so one study would train its
+        # points in two precisions; a study keeps one: fp32 (bf16 was slower at sweep widths)
+        d["trainer.precision"] = "32-true"
     d |= dict(p.extra_overrides)
     return d
 

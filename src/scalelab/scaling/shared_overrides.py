@@ -38,6 +38,8 @@ HINTS = {
     "train.val_batches": "set sweep.val_batches",
     "logger.experiment_name": "set sweep.experiment_name",
     "paths.output_dir": "set sweep.output_dir (each point runs in <sweep>/runs/<point>)",
+    "trainer.precision": "on a CPU a sweep trains every point in one precision, fp32 for auto: "
+                         "set trainer.precision=32-true or bf16-mixed",
 }
 MODEL_HINT = ("the plan sets each point's shape: set sweep.family.* (docs/sweeps.md), or give "
               "a comma list (model.key=a,b) for a variant axis")
