@@ -103,9 +103,9 @@ class _Attention(nn.Module):
 
         torch's CPU flash attention runs its backward 4-5x slower in bf16 than in fp32 (a
         shakespeare_char layer, 2 threads on an AMX Xeon: 4.7 against 1.1 ms forward + backward;
-        the forward alone is as fast): with it bf16 autocast trained at 0.8x fp32's speed, with
-        attention in fp32 at 1.3-1.6x (docs/performance.md, bf16 on CPU). Autocast would cast
-        the inputs back to bf16, so it is off for this call."""
+        the forward alone is as fast). Through it bf16 autocast trained at 0.8-0.9x fp32's speed;
+        with attention in fp32, at 1.3-1.6x (docs/performance.md, bf16 on CPU). Autocast would
+        cast the inputs back to bf16, so it is off for this call."""
         dtype = q.dtype
         with torch.autocast("cpu", enabled=False):
             y = F.scaled_dot_product_attention(

@@ -127,7 +127,7 @@ class BaseRun:
     seed: int = 0  # the configured seed: replicate r of a point trains with seed + r
     # the trainer's logging cadence: the floor of each point's (point_log_every); 50 is Lightning's
     log_every_n_steps: int = 50
-    precision: str = "32-true"  # trainer.precision as configured ("auto" is resolved per point)
+    precision: str = "32-true"  # trainer.precision as configured (on a CPU, points run auto as 32-true)
 
 
 def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
