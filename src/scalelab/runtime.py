@@ -209,7 +209,8 @@ def cpu_has_amx_bf16(cpuinfo: str | None = None) -> bool:
 
 # trainer.precision=auto takes bf16 autocast on a CPU only with AMX and from this width up. On a
 # 2-core AMX Xeon (twenty-ninth session, docs/performance.md "bf16 on CPU"), a training step in
-# bf16 against fp32: d_model 128 models 1.30-1.58x faster; the d_model 64 encoder-decoder 0.93x and
+# bf16 against fp32: d_model 128 models 1.30-1.58x faster (192: 1.64x, 256: 1.87x); d_model 96
+# 1.26x and 64 1.14x at the default experiment's batch, the d_model 64 encoder-decoder 0.93x and
 # a sweep point's d_model 12 0.72x, where casts outweigh the faster GEMMs. Without AMX
 # (AVX512-BF16 alone) bf16 measured 1.06x before attention ran in fp32, and has not been since.
 AUTO_BF16_MIN_D_MODEL = 128
