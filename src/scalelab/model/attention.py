@@ -83,17 +83,18 @@ class _Attention(nn.Module):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 ctx: AttnContext) -> torch.Tensor:
-        mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
         dropout = self.dropout if self.training else 0.0
-        causal = ctx.is_causal and mask is None
-        if self.small_heads and self._takes_small_heads(q, k, mask, causal, dropout, ctx):
-            y = small_head_attention.attention(q, k, v, mask, causal, self.scale)
-        elif q.dtype in _REDUCED and q.device.type == "cpu" and q.requires_grad:
-            y = self._sdpa_in_fp32(q, k, v, ctx.mask, dropout, causal)
-        else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
-                enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)
+        causal = ctx.is_causal and ctx.mask is None
+        if q.dtype in _REDUCED and q.device.type == "cpu" and q.requires_grad:
+            y = self._sdpa_in_fp32(q, k, v, ctx.mask, dropout, causal)  # takes the fp32 mask as is
+        else:  # (the small-head path is fp32 only)
+            mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
+            if self.small_heads and self._takes_small_heads(q, k, mask, causal, dropout, ctx):
+                y = small_head_attention.attention(q, k, v, mask, causal, self.scale)
+            else:
+                y = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
+                    enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)
         b, _, t, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(b * t, self.n_heads * self.head_dim))
 
