@@ -703,6 +703,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="time for the platform to reach the reference's val loss (target <= 0.8x)")
     ap.add_argument("--platform-override", action="append", default=[],
                     help="--to-loss: an override for the platform side only (a recipe change)")
+    ap.add_argument("--ref-own-init", action="store_true",
+                    help="--to-loss: the reference draws its own initial weights (default: the platform's)")
     ap.add_argument("--levers", action="store_true",
                     help="eager vs foreach AdamW vs torch.compile (vs bf16 where native), interleaved")
     ap.add_argument("--memory", action="store_true", help="activation-checkpointing memory (on in --full)")
@@ -790,7 +792,7 @@ def extra_modes(args: argparse.Namespace, presets: list[str], rounds: int, loop_
     if args.to_loss:
         with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
             res = [to_loss.bench_to_loss(n, PRESETS[n], rounds, Path(tmp), threads, extra,
-                                           args.platform_override)
+                                           args.platform_override, own_init=args.ref_own_init)
                    for n in presets]
         print(to_loss.table(res))
         out["to_loss"], missed = res, to_loss.misses(res)

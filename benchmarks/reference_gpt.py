@@ -118,3 +118,32 @@ class ReferenceLM(nn.Module):
         for block in self.blocks:
             x = block(x, rope)
         return self.head(self.ln_f(x))
+
+
+_BLOCK_KEYS = {"self_attn.norm": "ln1", "self_attn.fn.o_proj": "proj", "mlp.norm": "ln2",
+               "mlp.fn.down": "out"}
+
+
+def state_from_transformer(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A ``Transformer`` state_dict in ``ReferenceLM``'s layout (q/k/v and gate/up concatenated
+    into its fused projections): the reference can start from the platform's own initial draw."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        name = key.removeprefix("decoder.").removeprefix("encoder.")
+        if name.startswith("blocks."):
+            _, i, rest = name.split(".", 2)
+            module, _, param = rest.rpartition(".")
+            if module in _BLOCK_KEYS:
+                out[f"blocks.{i}.{_BLOCK_KEYS[module]}.{param}"] = value
+            elif module == "self_attn.fn.q_proj":
+                parts = [sd[key.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
+                out[f"blocks.{i}.qkv.{param}"] = torch.cat(parts)
+            elif module == "mlp.fn.up":
+                gate = key.replace(".up.", ".gate.")
+                out[f"blocks.{i}.fc.{param}"] = torch.cat([sd[gate], value]) if gate in sd else value
+            elif module not in ("self_attn.fn.k_proj", "self_attn.fn.v_proj", "mlp.fn.gate"):
+                raise KeyError(f"no reference parameter for {key}")
+        else:
+            out[{"tok_emb.weight": "wte.weight", "pos.table.weight": "wpe.weight",
+                 "lm_head.weight": "head.weight"}.get(name) or name.replace("final_norm", "ln_f")] = value
+    return out

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 CHILD = "--_ref-child"
+OWN_INIT = "--own-init"
 TARGET = 0.8  # platform wall / reference wall, at most
 
 
@@ -53,20 +54,37 @@ def _val_loss(model: Any, dm: Any, objective: str) -> float:
     return loss_sum / max(n, 1)
 
 
-def ref_child(preset: str, overrides: list[str]) -> None:
+def reference_model(model_cfg: Any, seed: int, own_init: bool) -> Any:
+    """The hand-written model, from the platform's own initial draw unless ``own_init``.
+
+    The platform's weights are ``torch.manual_seed(seed); Transformer(cfg)``. The reference
+    drawing its own (the same distribution, its own parameter order) moves the last val loss
+    by up to ±0.01 from seed to seed, more than any speed or precision effect this compares."""
+    import torch
+
+    from benchmarks.reference_gpt import ReferenceLM, state_from_transformer
+    from scalelab.model import Transformer
+
+    torch.manual_seed(seed)
+    ref = ReferenceLM(model_cfg)
+    if not own_init:
+        torch.manual_seed(seed)
+        ref.load_state_dict(state_from_transformer(Transformer(model_cfg).state_dict()))
+    return ref
+
+
+def ref_child(preset: str, overrides: list[str], own_init: bool = False) -> None:
     """Subprocess body: train the reference for the experiment's steps; print JSON."""
     import torch
 
     from benchmarks.bench_train import PRESETS, PlainLoop, prepare_preset
-    from benchmarks.reference_gpt import ReferenceLM
     from scalelab.runtime import thread_plan
     from scalelab.training.schedules import build_lr_lambda
 
     torch.set_num_threads(int(os.environ.get("SCALELAB_BENCH_THREADS") or thread_plan().threads))
     prep = prepare_preset([*PRESETS[preset], *overrides], n_batches=1)
     spec, dm = prep["spec"], prep["datamodule"]
-    torch.manual_seed(int(prep["cfg"].seed))
-    loop = PlainLoop(ReferenceLM(prep["model_cfg"]), prep, "ref")
+    loop = PlainLoop(reference_model(prep["model_cfg"], int(prep["cfg"].seed), own_init), prep, "ref")
     sched = torch.optim.lr_scheduler.LambdaLR(loop.opt, build_lr_lambda(spec.optim, spec.max_steps))
     batches = iter(dm.train_dataloader())
     t0 = time.perf_counter()
@@ -84,12 +102,13 @@ def ref_child(preset: str, overrides: list[str]) -> None:
                       "steps": spec.max_steps, "train_s": train_s}))
 
 
-def run_ref(preset: str, threads: int, overrides: list[str]) -> dict[str, Any]:
+def run_ref(preset: str, threads: int, overrides: list[str], own_init: bool = False) -> dict[str, Any]:
     from benchmarks.bench_train import child_cpu
 
     env = {**os.environ, "SCALELAB_BENCH_THREADS": str(threads)}
     t0, cpu0 = time.time(), child_cpu()
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.to_loss", CHILD, preset, *overrides], env=env,
+    flags = [OWN_INIT] if own_init else []
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.to_loss", CHILD, preset, *flags, *overrides], env=env,
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     wall, cpu = time.time() - t0, child_cpu() - cpu0
     if proc.returncode != 0:
@@ -106,14 +125,15 @@ def early_stop_override(threshold: float) -> str:
 
 def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, threads: int,
                   extra: list[str] | None = None, platform_only: list[str] | None = None,
-                  log: Any = print) -> dict[str, Any]:
+                  log: Any = print, own_init: bool = False) -> dict[str, Any]:
     """``extra``: overrides for both sides (e.g. a shorter run); ``platform_only``: a recipe
-    change tried on the platform alone (reported as such, never silently)."""
+    change tried on the platform alone (reported as such, never silently); ``own_init``: the
+    reference draws its own initial weights instead of starting from the platform's."""
     from benchmarks.bench_train import run_platform
 
     refs, plats, ratios, cpu_ratios = [], [], [], []
     for r in range(rounds):  # A B A B: a change of load hits both sides alike
-        ref = run_ref(name, threads, extra or [])
+        ref = run_ref(name, threads, extra or [], own_init)
         plat = run_platform([*overrides, *(extra or []), *(platform_only or []),
                              early_stop_override(ref["val_loss"])],
                             None, workdir, threads)
@@ -135,7 +155,7 @@ def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, t
             "platform_wall/ref_wall": statistics.median(ratios),
             # CPU seconds of each whole process (1 thread each on a busy machine): robust to load
             "platform_cpu/ref_cpu": statistics.median(cpu_ratios), "extra_overrides": extra or [],
-            "platform_only_overrides": platform_only or []}
+            "platform_only_overrides": platform_only or [], "ref_init": "own" if own_init else "platform's"}
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -160,4 +180,5 @@ if __name__ == "__main__":
         from scalelab.runtime import apply_omp_env
 
         apply_omp_env()
-        ref_child(sys.argv[2], sys.argv[3:])
+        own = OWN_INIT in sys.argv
+        ref_child(sys.argv[2], [a for a in sys.argv[3:] if a != OWN_INIT], own_init=own)

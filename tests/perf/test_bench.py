@@ -239,3 +239,55 @@ def test_small_heads_times_both_paths_and_says_which_the_model_takes() -> None:
     assert len(rows) == 5, proc.stdout
     for *_, sdpa, written, speed, _takes in rows:
         assert int(sdpa) > 0 and int(written) > 0 and float(speed) > 0
+
+
+@pytest.mark.parametrize("shape, own_draw_differs", [
+    ({}, True),  # GPT-2: LayerNorm, tanh GELU, learned positions, tied embeddings
+    # Llama with GQA: without biases the reference happens to draw in the platform's order
+    ({"norm": "rmsnorm", "mlp": "swiglu", "position": "rope", "n_kv_heads": 2, "bias": False,
+      "tie_embeddings": False}, False),
+    ({"arch": "encoder", "norm_position": "post"}, True),  # BERT-style, no final norm
+])
+def test_the_reference_starts_from_the_platforms_initial_weights(shape: dict, own_draw_differs: bool) -> None:
+    """--to-loss: the hand-written model loads the platform's own draw (torch.manual_seed(seed);
+    Transformer(cfg)), so both sides start from one point; --ref-own-init draws its own, in the
+    reference's parameter order."""
+    import torch
+    from benchmarks.to_loss import reference_model
+
+    from scalelab.model import ModelConfig, Transformer
+
+    cfg = ModelConfig(**{"vocab_size": 37, "max_seq_len": 16, "d_model": 32, "n_layers": 2,
+                         "n_heads": 4, **shape})
+    torch.manual_seed(7)
+    platform = Transformer(cfg).eval()
+    ids = torch.randint(0, 37, (3, 16))
+    with torch.no_grad():
+        want = platform(ids)
+        shared = reference_model(cfg, 7, own_init=False).eval()(ids)
+        own = reference_model(cfg, 7, own_init=True).eval()(ids)
+    torch.testing.assert_close(shared, want, rtol=1e-5, atol=1e-5)
+    assert bool((own - want).abs().max() > 1e-3) == own_draw_differs
+
+
+def test_a_run_starts_from_the_draw_the_reference_copies(tmp_path: Path, train_cli: object,
+                                                          shared_data_dir: Path) -> None:
+    """What reference_model assumes of scalelab-train: its initial weights are
+    ``torch.manual_seed(seed); Transformer(cfg)``. One step at lr 1e-30 leaves them as drawn."""
+    import torch
+
+    from scalelab.cli.eval import load_model
+    from scalelab.model import Transformer
+
+    out = tmp_path / "run"
+    proc = train_cli.run(  # type: ignore[attr-defined]
+        "+experiment=shakespeare_char", f"data.path={shared_data_dir / 'tinyshakespeare.txt'}",
+        "model.n_layers=1", "model.d_model=32", "train.max_steps=1", "optim.lr=1e-30",
+        "optim.warmup_steps=0", "logger=none", "seed=11", f"paths.output_dir={out}",
+        f"paths.data_dir={train_cli.data_dir()}")  # type: ignore[attr-defined]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trained, _, _ = load_model(str(out / "checkpoints" / "last.ckpt"))
+    torch.manual_seed(11)
+    drawn = Transformer(trained.cfg).state_dict()
+    for key, value in trained.state_dict().items():
+        torch.testing.assert_close(value, drawn[key], rtol=0, atol=1e-20)
