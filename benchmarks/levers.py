@@ -9,8 +9,9 @@ ratio to the eager fused-AdamW baseline, and each variant's cold start (first st
     python -m benchmarks train --levers [--presets shakespeare_char] [--loop-steps 40]
 
 Variants: eager + fused AdamW (baseline, the platform default on CPU), eager + foreach AdamW,
-``torch.compile`` + fused AdamW, and bf16 autocast only where the CPU has native bf16
-(``scalelab.runtime.cpu_has_native_bf16``; elsewhere it is listed as skipped, never run).
+``torch.compile`` + fused AdamW, and bf16 autocast, eager and compiled, only where the CPU has
+native bf16 (``scalelab.runtime.cpu_has_native_bf16``; elsewhere they are listed as skipped,
+never run).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def variants() -> dict[str, dict[str, Any]]:
     }
     if cpu_has_native_bf16():
         out["eager/fused/bf16"] = {"fused": True, "amp": torch.bfloat16}
+        out["compile/fused/bf16"] = {"fused": True, "amp": torch.bfloat16, "compile": True}
     return out
 
 
@@ -63,7 +65,7 @@ def bench_levers(name: str, overrides: list[str], steps: int, log: Any = print) 
                               "speedup_wall": wall[base] / wall[k], "speedup_cpu": cpu[base] / cpu[k],
                               "cold_start_s": cold[k]}
     if "eager/fused/bf16" not in loops:
-        res["skipped"] = ["bf16 autocast: no native bf16 on this CPU (avx512_bf16/amx_bf16)"]
+        res["skipped"] = ["bf16 autocast, eager and compiled: no native bf16 on this CPU (avx512_bf16/amx_bf16)"]
     for k, v in res["variants"].items():
         log(f"  levers {name} {k:<18} {v['ms_wall']:7.1f} ms wall {v['ms_cpu']:7.1f} ms cpu  "
             f"x{v['speedup_wall']:.2f} wall x{v['speedup_cpu']:.2f} cpu  first step {v['cold_start_s']:.1f} s")

@@ -175,7 +175,7 @@ def test_levers_never_run_bf16_without_native_support() -> None:
 
     v = variants()
     assert {"eager/fused", "eager/foreach", "compile/fused"} <= set(v)
-    assert ("eager/fused/bf16" in v) == cpu_has_native_bf16()
+    assert ("eager/fused/bf16" in v) == ("compile/fused/bf16" in v) == cpu_has_native_bf16()
 
 
 def test_gpu_levers_runs_every_variant_on_cpu(tmp_path: Path) -> None:
