@@ -3,10 +3,11 @@ at most 0.8x the reference's wall time".
 
 Per round, two processes, timed from their start (imports, data and compile included) to exit:
 
-1. ``ref``: the hand-written model (benchmarks/reference_gpt.py) in a plain loop over the
-   experiment's own train batches, with its AdamW settings and lr schedule, for the experiment's
-   fixed number of steps; then one validation on the experiment's validation set (the same
-   fixed windows, token-weighted, as the platform's ``val/loss``);
+1. ``ref``: the hand-written model (benchmarks/reference_gpt.py), starting from the platform's
+   own initial weights (``--ref-own-init``: its own draw), in a plain loop over the experiment's
+   own train batches, with its AdamW settings and lr schedule, for the experiment's fixed number
+   of steps; then one validation on the experiment's validation set (the same fixed windows,
+   token-weighted, as the platform's ``val/loss``);
 2. ``platform``: the full ``scalelab-train`` at the experiment's defaults (validation, samples,
    checkpoints, MLflow into a temp SQLite store), plus Lightning's ``EarlyStopping`` with
    ``stopping_threshold`` = the reference's val loss of that round, added from the command line.
@@ -18,6 +19,7 @@ which the platform stopped, and whether it reached the loss at all (it validates
     python -m benchmarks train --to-loss [--presets shakespeare_char] [--rounds 2]
     python -m benchmarks train --to-loss -- train.max_steps=300   # overrides for both sides
     python -m benchmarks train --to-loss --platform-override optim.lr=2e-3   # a recipe change
+    python -m benchmarks train --to-loss --ref-own-init   # the reference draws its own weights
 """
 
 from __future__ import annotations
@@ -177,8 +179,9 @@ def misses(results: list[dict[str, Any]]) -> list[str]:
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == CHILD:
-        from scalelab.runtime import apply_omp_env
+        from scalelab.runtime import apply_omp_env, keep_freed_memory
 
         apply_omp_env()
+        keep_freed_memory()  # the heap settings of every scalelab process, as the plain loops get
         own = OWN_INIT in sys.argv
         ref_child(sys.argv[2], [a for a in sys.argv[3:] if a != OWN_INIT], own_init=own)
