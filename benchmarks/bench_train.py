@@ -153,18 +153,19 @@ def loss_fn(side: str, objective: str) -> Any:
 
 
 class PlainLoop:
-    """model + AdamW (decay on matrices, the run's lr/betas/eps, fused where torch has it) +
+    """model + AdamW (the run's decay groups, lr/betas/eps, fused where torch has it) +
     clipping, stepping over fixed batches; the loop a hand-written script would have."""
 
     def __init__(self, model: torch.nn.Module, prep: dict[str, Any], side: str, device: str = "cpu",
                  amp: torch.dtype | None = None, compile: bool = False) -> None:
-        from scalelab.training.optim import fused_available
+        from scalelab.training.optim import fused_available, param_groups
 
         o = prep["spec"].optim
         self.model = model.to(device)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
-                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        # the run's own split (matrices decay; embeddings only with optim.decay_embeddings): the
+        # same optimizer settings on every side, whichever model it steps
+        groups, _ = param_groups(self.model, o.weight_decay, o.decay_embeddings)
         fused = fused_available(params) if o.fused is None else bool(o.fused)
         self.opt = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                                      **({"fused": True} if fused else {}))

@@ -291,3 +291,31 @@ def test_a_run_starts_from_the_draw_the_reference_copies(tmp_path: Path, train_c
     drawn = Transformer(trained.cfg).state_dict()
     for key, value in trained.state_dict().items():
         torch.testing.assert_close(value, drawn[key], rtol=0, atol=1e-20)
+
+
+def test_the_plain_loops_split_decay_as_the_run_does() -> None:
+    """Both plain-loop sides get the platform's AdamW groups: matrices decay, embeddings (and
+    the output layer tied to them) do not. The reference once decayed its embeddings too (as
+    nanoGPT does), a recipe the run did not train."""
+    import types
+
+    import torch
+    from benchmarks.bench_train import PlainLoop
+    from benchmarks.reference_gpt import ReferenceLM
+
+    from scalelab.model import ModelConfig, Transformer
+    from scalelab.training.optim import param_groups
+
+    cfg = ModelConfig(vocab_size=37, max_seq_len=16, d_model=32, n_layers=2, n_heads=4)
+    optim = types.SimpleNamespace(weight_decay=0.1, decay_embeddings=False, fused=None, lr=1e-3,
+                                  beta1=0.9, beta2=0.99, eps=1e-8, grad_clip=1.0)
+    prep = {"spec": types.SimpleNamespace(optim=optim, objective="causal"),
+            "batches": [{"input_ids": torch.zeros(2, 16, dtype=torch.long)}]}
+    for model in (ReferenceLM(cfg), Transformer(cfg)):
+        loop = PlainLoop(model, prep, "ref" if isinstance(model, ReferenceLM) else "model")
+        want, _ = param_groups(model, 0.1)
+        got = [(g["weight_decay"], {id(p) for p in g["params"]}) for g in loop.opt.param_groups]
+        assert got == [(g["weight_decay"], {id(p) for p in g["params"]}) for g in want]
+        embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        assert embeddings and embeddings <= got[1][1] and got[1][0] == 0.0
+
