@@ -706,6 +706,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="--to-loss: an override for the platform side only (a recipe change)")
     ap.add_argument("--ref-own-init", action="store_true",
                     help="--to-loss: the reference draws its own initial weights (default: the platform's)")
+    ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")],
+                    help="--to-loss: a seed a round, both sides (e.g. 1337,1,2 with --rounds 3)")
     ap.add_argument("--levers", action="store_true",
                     help="eager vs foreach AdamW vs torch.compile (vs bf16 where native), interleaved")
     ap.add_argument("--memory", action="store_true", help="activation-checkpointing memory (on in --full)")
@@ -793,7 +795,8 @@ def extra_modes(args: argparse.Namespace, presets: list[str], rounds: int, loop_
     if args.to_loss:
         with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
             res = [to_loss.bench_to_loss(n, PRESETS[n], rounds, Path(tmp), threads, extra,
-                                           args.platform_override, own_init=args.ref_own_init)
+                                           args.platform_override, own_init=args.ref_own_init,
+                                           seeds=args.seeds)
                    for n in presets]
         print(to_loss.table(res))
         out["to_loss"], missed = res, to_loss.misses(res)

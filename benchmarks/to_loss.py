@@ -12,14 +12,19 @@ Per round, two processes, timed from their start (imports, data and compile incl
    checkpoints, MLflow into a temp SQLite store), plus Lightning's ``EarlyStopping`` with
    ``stopping_threshold`` = the reference's val loss of that round, added from the command line.
 
-Reported per preset: median wall of each, the ratio platform/ref (target <= 0.8), the steps at
-which the platform stopped, and whether it reached the loss at all (it validates every
-``train.val_every`` steps, so it can only stop on such a step or at the end).
+Reported per preset: median wall of each, the median ratio platform/ref (target <= 0.8; a round
+that never reached the loss counts as infinite), the steps at which the platform stopped, and in
+how many rounds it reached the loss at all (it validates every ``train.val_every`` steps, so it
+can only stop on such a step or at the end). Both sides start from the same weights and train
+the same recipe, so in fp32 they end equal to ~1e-7 after a few steps; what remains between them
+over a whole run is precision and the chaotic drift of two implementations, which ``--seeds``
+samples.
 
     python -m benchmarks train --to-loss [--presets shakespeare_char] [--rounds 2]
     python -m benchmarks train --to-loss -- train.max_steps=300   # overrides for both sides
     python -m benchmarks train --to-loss --platform-override optim.lr=2e-3   # a recipe change
     python -m benchmarks train --to-loss --ref-own-init   # the reference draws its own weights
+    python -m benchmarks train --to-loss --rounds 3 --seeds 1337,1,2   # a seed a round
 """
 
 from __future__ import annotations
@@ -125,49 +130,69 @@ def early_stop_override(threshold: float) -> str:
             "patience: 1000000, check_on_train_epoch_end: false}")
 
 
-def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, threads: int,
-                  extra: list[str] | None = None, platform_only: list[str] | None = None,
-                  log: Any = print, own_init: bool = False) -> dict[str, Any]:
-    """``extra``: overrides for both sides (e.g. a shorter run); ``platform_only``: a recipe
-    change tried on the platform alone (reported as such, never silently); ``own_init``: the
-    reference draws its own initial weights instead of starting from the platform's."""
+def _round(name: str, overrides: list[str], workdir: Path, threads: int, extra: list[str],
+           platform_only: list[str], own_init: bool) -> dict[str, Any]:
+    """One reference run, then one platform run that stops at the reference's loss."""
     from benchmarks.bench_train import run_platform
 
-    refs, plats, ratios, cpu_ratios = [], [], [], []
+    ref = run_ref(name, threads, extra, own_init)
+    plat = run_platform([*overrides, *extra, *platform_only, early_stop_override(ref["val_loss"])],
+                        None, workdir, threads)
+    reached = plat["val_loss"] is not None and plat["val_loss"] <= ref["val_loss"] + 1e-6
+    return {"ref": ref, "platform": plat, "reached": reached,
+            "wall": plat["wall_s"] / ref["wall_s"] if reached else math.inf,
+            "cpu": plat["cpu_total_s"] / ref["cpu_total_s"] if reached else math.inf}
+
+
+def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, threads: int,
+                  extra: list[str] | None = None, platform_only: list[str] | None = None,
+                  log: Any = print, own_init: bool = False,
+                  seeds: list[int] | None = None) -> dict[str, Any]:
+    """``extra``: overrides for both sides (e.g. a shorter run); ``platform_only``: a recipe
+    change tried on the platform alone (reported as such, never silently); ``own_init``: the
+    reference draws its own initial weights instead of starting from the platform's; ``seeds``:
+    round r runs both sides at ``seed=seeds[r % len(seeds)]``. A round that does not reach the
+    loss counts as an infinite ratio, so the median ratio passes only when most rounds reach
+    the loss in time."""
+    done = []
     for r in range(rounds):  # A B A B: a change of load hits both sides alike
-        ref = run_ref(name, threads, extra or [], own_init)
-        plat = run_platform([*overrides, *(extra or []), *(platform_only or []),
-                             early_stop_override(ref["val_loss"])],
-                            None, workdir, threads)
-        refs.append(ref)
-        plats.append(plat)
-        reached = plat["val_loss"] is not None and plat["val_loss"] <= ref["val_loss"] + 1e-6
-        ratios.append(plat["wall_s"] / ref["wall_s"] if reached else math.inf)
-        cpu_ratios.append(plat["cpu_total_s"] / ref["cpu_total_s"] if reached else math.inf)
-        log(f"  to-loss {name} round {r + 1}/{rounds}: ref {ref['steps']} steps val {ref['val_loss']:.4f} "
-            f"in {ref['wall_s']:.1f} s (training {ref['train_s']:.1f} s); platform val {plat['val_loss']:.4f} at step {plat['steps']} "
-            f"in {plat['wall_s']:.1f} s ({'reached' if reached else 'NOT reached'}); "
-            f"ratio {ratios[-1]:.2f} wall, {cpu_ratios[-1]:.2f} CPU seconds; load {os.getloadavg()[0]:.1f}")
+        seed = [f"seed={seeds[r % len(seeds)]}"] if seeds else []
+        one = _round(name, overrides, workdir, threads, [*(extra or []), *seed], platform_only or [], own_init)
+        done.append({**one, "seed": seeds[r % len(seeds)] if seeds else None})
+        ref, plat = one["ref"], one["platform"]
+        log(f"  to-loss {name} round {r + 1}/{rounds}{' seed ' + seed[0][5:] if seed else ''}: ref "
+            f"{ref['steps']} steps val {ref['val_loss']:.4f} in {ref['wall_s']:.1f} s (training "
+            f"{ref['train_s']:.1f} s); platform val {plat['val_loss']:.4f} at step {plat['steps']} "
+            f"in {plat['wall_s']:.1f} s ({'reached' if one['reached'] else 'NOT reached'}); "
+            f"ratio {one['wall']:.2f} wall, {one['cpu']:.2f} CPU seconds; load {os.getloadavg()[0]:.1f}")
+    refs, plats = [d["ref"] for d in done], [d["platform"] for d in done]
     return {"preset": name, "ref_val_loss": statistics.median(x["val_loss"] for x in refs),
             "ref_steps": refs[0]["steps"], "ref_wall_s": statistics.median(x["wall_s"] for x in refs),
             "ref_train_s": statistics.median(x["train_s"] for x in refs),
             "platform_wall_s": statistics.median(x["wall_s"] for x in plats),
             "platform_steps": [x["steps"] for x in plats],
             "platform_val_loss": [x["val_loss"] for x in plats],
-            "platform_wall/ref_wall": statistics.median(ratios),
+            "platform_wall/ref_wall": statistics.median(d["wall"] for d in done),
             # CPU seconds of each whole process (1 thread each on a busy machine): robust to load
-            "platform_cpu/ref_cpu": statistics.median(cpu_ratios), "extra_overrides": extra or [],
-            "platform_only_overrides": platform_only or [], "ref_init": "own" if own_init else "platform's"}
+            "platform_cpu/ref_cpu": statistics.median(d["cpu"] for d in done),
+            "reached": sum(d["reached"] for d in done), "rounds": len(done),
+            "per_round": [{"seed": d["seed"], "ref_val_loss": d["ref"]["val_loss"],
+                           "platform_val_loss": d["platform"]["val_loss"], "ref_wall_s": d["ref"]["wall_s"],
+                           "platform_wall_s": d["platform"]["wall_s"], "wall_ratio": d["wall"]} for d in done],
+            "extra_overrides": extra or [], "platform_only_overrides": platform_only or [],
+            "ref_init": "own" if own_init else "platform's"}
 
 
 def table(results: list[dict[str, Any]]) -> str:
     head = (f"{'preset':<17}{'ref steps':>10}{'ref val':>9}{'ref wall':>10}{'plat steps':>12}"
-            f"{'plat wall':>10}{'wall 3/1':>10}{'cpu 3/1':>9}")
+            f"{'plat wall':>10}{'reached':>9}{'wall 3/1':>10}{'cpu 3/1':>9}")
     rows = [head, "-" * len(head)]
     for r in results:
+        reached = f"{r.get('reached', '?')}/{r.get('rounds', '?')}"
         rows.append(f"{r['preset']:<17}{r['ref_steps']:>10}{r['ref_val_loss']:>9.4f}"
                     f"{r['ref_wall_s']:>9.1f}s{statistics.median(r['platform_steps']):>12.0f}"
-                    f"{r['platform_wall_s']:>9.1f}s{r['platform_wall/ref_wall']:>10.2f}"
+                    f"{r['platform_wall_s']:>9.1f}s{reached:>9}"
+                    f"{r['platform_wall/ref_wall']:>10.2f}"
                     f"{r.get('platform_cpu/ref_cpu', math.nan):>9.2f}")
     return "\n".join(rows)
 
