@@ -156,11 +156,12 @@ def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, t
     the loss in time."""
     done = []
     for r in range(rounds):  # A B A B: a change of load hits both sides alike
-        seed = [f"seed={seeds[r % len(seeds)]}"] if seeds else []
-        one = _round(name, overrides, workdir, threads, [*(extra or []), *seed], platform_only or [], own_init)
-        done.append({**one, "seed": seeds[r % len(seeds)] if seeds else None})
+        seed = seeds[r % len(seeds)] if seeds else None
+        both = [*(extra or []), *([f"seed={seed}"] if seed is not None else [])]
+        one = _round(name, overrides, workdir, threads, both, platform_only or [], own_init)
+        done.append({**one, "seed": seed})
         ref, plat = one["ref"], one["platform"]
-        log(f"  to-loss {name} round {r + 1}/{rounds}{' seed ' + seed[0][5:] if seed else ''}: ref "
+        log(f"  to-loss {name} round {r + 1}/{rounds}{'' if seed is None else f' seed {seed}'}: ref "
             f"{ref['steps']} steps val {ref['val_loss']:.4f} in {ref['wall_s']:.1f} s (training "
             f"{ref['train_s']:.1f} s); platform val {plat['val_loss']:.4f} at step {plat['steps']} "
             f"in {plat['wall_s']:.1f} s ({'reached' if one['reached'] else 'NOT reached'}); "
