@@ -120,28 +120,27 @@ class ReferenceLM(nn.Module):
         return self.head(self.ln_f(x))
 
 
-_BLOCK_KEYS = {"self_attn.norm": "ln1", "self_attn.fn.o_proj": "proj", "mlp.norm": "ln2",
-               "mlp.fn.down": "out"}
+_BLOCK_KEYS = {"self_attn.norm": "ln1", "self_attn.fn.qkv_proj": "qkv", "self_attn.fn.o_proj": "proj",
+               "mlp.norm": "ln2", "mlp.fn.down": "out"}
 
 
-def state_from_transformer(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A ``Transformer`` state_dict in ``ReferenceLM``'s layout (q/k/v and gate/up concatenated
-    into its fused projections): the reference can start from the platform's own initial draw."""
+def state_from_transformer(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A ``Transformer``'s parameters in ``ReferenceLM``'s layout: the reference can start from
+    the platform's own initial draw. The model's q/k/v projection is already one tensor
+    (model/fused_layout.py); SwiGLU's gate and up are concatenated into the reference's ``fc``."""
+    params = dict(model.named_parameters(remove_duplicate=False))  # tied: lm_head and tok_emb
     out: dict[str, torch.Tensor] = {}
-    for key, value in sd.items():
+    for key, value in params.items():
         name = key.removeprefix("decoder.").removeprefix("encoder.")
         if name.startswith("blocks."):
             _, i, rest = name.split(".", 2)
             module, _, param = rest.rpartition(".")
-            if module in _BLOCK_KEYS:
+            if module == "mlp.fn.up":
+                gate = params.get(key.replace(".up.", ".gate."))
+                out[f"blocks.{i}.fc.{param}"] = value if gate is None else torch.cat([gate, value])
+            elif module in _BLOCK_KEYS:
                 out[f"blocks.{i}.{_BLOCK_KEYS[module]}.{param}"] = value
-            elif module == "self_attn.fn.q_proj":
-                parts = [sd[key.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
-                out[f"blocks.{i}.qkv.{param}"] = torch.cat(parts)
-            elif module == "mlp.fn.up":
-                gate = key.replace(".up.", ".gate.")
-                out[f"blocks.{i}.fc.{param}"] = torch.cat([sd[gate], value]) if gate in sd else value
-            elif module not in ("self_attn.fn.k_proj", "self_attn.fn.v_proj", "mlp.fn.gate"):
+            elif module != "mlp.fn.gate":
                 raise KeyError(f"no reference parameter for {key}")
         else:
             out[{"tok_emb.weight": "wte.weight", "pos.table.weight": "wpe.weight",

@@ -76,7 +76,7 @@ def reference_model(model_cfg: Any, seed: int, own_init: bool) -> Any:
     ref = ReferenceLM(model_cfg)
     if not own_init:
         torch.manual_seed(seed)
-        ref.load_state_dict(state_from_transformer(Transformer(model_cfg).state_dict()))
+        ref.load_state_dict(state_from_transformer(Transformer(model_cfg)))
     return ref
 
 
