@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,21 @@ def reference_model(model_cfg: Any, seed: int, own_init: bool) -> Any:
     return ref
 
 
+def train_batches(dm: Any, steps: int) -> Iterator[dict[str, Any]]:
+    """``steps`` train batches in the order ``scalelab-train`` trains on them. Its DataModule
+    counts each batch in ``on_before_batch_transfer`` (a Lightning hook) and starts the next epoch
+    where the last one ended; called here the same way, so a run longer than an epoch goes on to
+    new batches instead of replaying the first epoch's."""
+    batches = iter(dm.train_dataloader())
+    for _ in range(steps):
+        try:
+            batch = next(batches)
+        except StopIteration:  # an epoch ended: the next one starts at the count
+            batches = iter(dm.train_dataloader())
+            batch = next(batches)
+        yield dm.on_before_batch_transfer(batch, 0)
+
+
 def ref_child(preset: str, overrides: list[str], own_init: bool = False) -> None:
     """Subprocess body: train the reference for the experiment's steps; print JSON."""
     import torch
@@ -93,14 +109,9 @@ def ref_child(preset: str, overrides: list[str], own_init: bool = False) -> None
     spec, dm = prep["spec"], prep["datamodule"]
     loop = PlainLoop(reference_model(prep["model_cfg"], int(prep["cfg"].seed), own_init), prep, "ref")
     sched = torch.optim.lr_scheduler.LambdaLR(loop.opt, build_lr_lambda(spec.optim, spec.max_steps))
-    batches = iter(dm.train_dataloader())
     t0 = time.perf_counter()
-    for _ in range(spec.max_steps):
-        try:
-            loop.batches = [next(batches)]
-        except StopIteration:  # an epoch ended: the platform's loader restarts the same way
-            batches = iter(dm.train_dataloader())
-            loop.batches = [next(batches)]
+    for batch in train_batches(dm, spec.max_steps):
+        loop.batches = [batch]
         loop.i = 0
         loop.step()
         sched.step()

@@ -342,3 +342,41 @@ def test_to_loss_trains_one_recipe_on_both_sides_a_seed_a_round(tmp_path: Path) 
         assert (r["wall_ratio"] != float("inf")) == reached
     assert res["reached"] == sum(r["wall_ratio"] != float("inf") for r in rounds)
     assert re.search(r"sweep_point .* [0-2]/2 ", proc.stdout)
+
+
+def test_the_reference_trains_on_the_batches_a_run_trains_on_across_epochs() -> None:
+    """A run longer than an epoch: the reference's batches equal those a real Lightning fit takes
+    from the same DataModule, epoch after epoch. It once restarted from batch 0 at each epoch,
+    where the run goes on to new batches (shakespeare_char's 2000 steps cross its 1307-batch
+    epoch, so the reference trained its last 693 steps on repeated data)."""
+    import pytorch_lightning as pl
+    import torch
+    from benchmarks.bench_train import PRESETS, prepare_preset
+    from benchmarks.to_loss import train_batches
+
+    class Record(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.seen: list[torch.Tensor] = []
+
+        def training_step(self, batch: dict[str, torch.Tensor], _: int) -> torch.Tensor:
+            self.seen.append(batch["input_ids"].clone())
+            return (self.w**2).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    steps, dms = 7, []
+    for _ in range(2):
+        dm = prepare_preset(PRESETS["sweep_point"], n_batches=1)["datamodule"]
+        dm.epoch_batches = 3  # three epochs in seven steps
+        dms.append(dm)
+    run = Record()
+    pl.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False,
+               limit_val_batches=0).fit(run, datamodule=dms[0])
+    ref = [b["input_ids"] for b in train_batches(dms[1], steps)]
+    assert len(run.seen) == len(ref) == steps
+    assert all(torch.equal(a, b) for a, b in zip(run.seen, ref, strict=True))
+    assert not torch.equal(ref[3], ref[0])  # the second epoch goes on, not back to batch 0
