@@ -12,6 +12,7 @@ dtype, so changing any of them prepares a new directory and rerunning is free.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import logging
@@ -190,7 +191,10 @@ def _encode_splits(
     total_chars = sum(len(t) for _, _, t in items)
     counts = dict.fromkeys(splits, 0)
     last_doc = dict.fromkeys(splits, -1)
-    eot = np.array([tok.eot_id], dtype=dtype)
+    # array.array turns a list of ints into bytes ~2.7x faster than np.asarray (14 against 39 ms
+    # for 8 MB of pystdlib), work the writing thread does while the pool's threads encode
+    code = next(c for c in "HIL" if array.array(c).itemsize == np.dtype(dtype).itemsize)
+    eot = array.array(code, [tok.eot_id])
     bar = tqdm(
         total=total_chars, unit="char", unit_scale=True, desc="tokenize",
         disable=not progress or not sys.stderr.isatty(),  # no carriage-return frames in logs
@@ -206,10 +210,10 @@ def _encode_splits(
         for (name, i, text), piece in zip(items, results, strict=True):
             f = files[name]
             if i != last_doc[name] and last_doc[name] >= 0:
-                f.write(eot.tobytes())  # document separator
+                f.write(eot)  # document separator
                 counts[name] += 1
             last_doc[name] = i
-            f.write(np.asarray(piece, dtype=dtype).tobytes())
+            f.write(array.array(code, piece))
             counts[name] += len(piece)
             bar.update(len(text))
     bar.close()
