@@ -15,10 +15,12 @@ Per round, two processes, timed from their start (imports, data and compile incl
 Reported per preset: median wall of each, the median ratio platform/ref (target <= 0.8; a round
 that never reached the loss counts as infinite), the steps at which the platform stopped, and in
 how many rounds it reached the loss at all (it validates every ``train.val_every`` steps, so it
-can only stop on such a step or at the end). Both sides start from the same weights and train
-the same recipe, so in fp32 they end equal to ~1e-7 after a few steps; what remains between them
-over a whole run is precision and the chaotic drift of two implementations, which ``--seeds``
-samples.
+can only stop on such a step or at the end). Also the median ``val gap`` (platform minus
+reference val loss, which decides "reached") and ``walls`` (platform wall / reference wall of each
+round, reached or not: the speed apart from the loss). Both sides start from the same weights and
+train the same recipe on the same batches, so in fp32 they end a whole run within 1e-6
+(shakespeare_char) to 1e-4 (the default experiment) of each other; what remains between them is
+precision, sampled over seeds with ``--seeds``.
 
     python -m benchmarks train --to-loss [--presets shakespeare_char] [--rounds 2]
     python -m benchmarks train --to-loss -- train.max_steps=300   # overrides for both sides
@@ -178,6 +180,7 @@ def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, t
             f"in {plat['wall_s']:.1f} s ({'reached' if one['reached'] else 'NOT reached'}); "
             f"ratio {one['wall']:.2f} wall, {one['cpu']:.2f} CPU seconds; load {os.getloadavg()[0]:.1f}")
     refs, plats = [d["ref"] for d in done], [d["platform"] for d in done]
+    pairs = list(zip(plats, refs, strict=True))
     return {"preset": name, "ref_val_loss": statistics.median(x["val_loss"] for x in refs),
             "ref_steps": refs[0]["steps"], "ref_wall_s": statistics.median(x["wall_s"] for x in refs),
             "ref_train_s": statistics.median(x["train_s"] for x in refs),
@@ -188,6 +191,9 @@ def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, t
             # CPU seconds of each whole process (1 thread each on a busy machine): robust to load
             "platform_cpu/ref_cpu": statistics.median(d["cpu"] for d in done),
             "reached": sum(d["reached"] for d in done), "rounds": len(done),
+            # what decides "reached", and the speed apart from it (each round, stopped or not)
+            "val_gap": statistics.median(x["val_loss"] - r["val_loss"] for x, r in pairs),
+            "walls": statistics.median(x["wall_s"] / r["wall_s"] for x, r in pairs),
             "per_round": [{"seed": d["seed"], "ref_val_loss": d["ref"]["val_loss"],
                            "platform_val_loss": d["platform"]["val_loss"], "ref_wall_s": d["ref"]["wall_s"],
                            "platform_wall_s": d["platform"]["wall_s"], "wall_ratio": d["wall"]} for d in done],
@@ -197,13 +203,14 @@ def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, t
 
 def table(results: list[dict[str, Any]]) -> str:
     head = (f"{'preset':<17}{'ref steps':>10}{'ref val':>9}{'ref wall':>10}{'plat steps':>12}"
-            f"{'plat wall':>10}{'reached':>9}{'wall 3/1':>10}{'cpu 3/1':>9}")
+            f"{'plat wall':>10}{'val gap':>9}{'walls':>7}{'reached':>9}{'wall 3/1':>10}{'cpu 3/1':>9}")
     rows = [head, "-" * len(head)]
     for r in results:
         reached = f"{r.get('reached', '?')}/{r.get('rounds', '?')}"
         rows.append(f"{r['preset']:<17}{r['ref_steps']:>10}{r['ref_val_loss']:>9.4f}"
                     f"{r['ref_wall_s']:>9.1f}s{statistics.median(r['platform_steps']):>12.0f}"
-                    f"{r['platform_wall_s']:>9.1f}s{reached:>9}"
+                    f"{r['platform_wall_s']:>9.1f}s{r.get('val_gap', math.nan):>+9.4f}"
+                    f"{r.get('walls', math.nan):>7.2f}{reached:>9}"
                     f"{r['platform_wall/ref_wall']:>10.2f}"
                     f"{r.get('platform_cpu/ref_cpu', math.nan):>9.2f}")
     return "\n".join(rows)

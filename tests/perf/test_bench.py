@@ -341,6 +341,10 @@ def test_to_loss_trains_one_recipe_on_both_sides_a_seed_a_round(tmp_path: Path) 
         reached = r["platform_val_loss"] <= r["ref_val_loss"] + 1e-6
         assert (r["wall_ratio"] != float("inf")) == reached
     assert res["reached"] == sum(r["wall_ratio"] != float("inf") for r in rounds)
+    gaps = [r["platform_val_loss"] - r["ref_val_loss"] for r in rounds]
+    walls = [r["platform_wall_s"] / r["ref_wall_s"] for r in rounds]
+    assert res["val_gap"] == pytest.approx(sum(gaps) / 2) and res["walls"] == pytest.approx(sum(walls) / 2)
+    assert 0 < res["walls"] < float("inf")  # reached or not, each round's walls
     assert re.search(r"sweep_point .* [0-2]/2 ", proc.stdout)
 
 
