@@ -634,6 +634,13 @@ def overhead_of(r: dict[str, Any], busy: bool = False) -> float | None:
     return o if o is not None else r.get("platform_overhead_share")
 
 
+def below(got: float, target: float) -> str:
+    """``got`` to two decimals, or as many more as it takes not to round it up to the target
+    it missed: 0.996 against 1.0 printed "1.00 < 1.0"."""
+    places = next((d for d in range(2, 10) if round(got, d) < target), None)
+    return repr(got) if places is None else f"{got:.{places}f}"
+
+
 def misses(results: list[dict[str, Any]], threads: dict[str, Any] | None,
            busy: bool = False) -> list[str]:
     """Every figure off its target. ``busy``: other work shared the cores, so the throughput
@@ -644,7 +651,7 @@ def misses(results: list[dict[str, Any]], threads: dict[str, Any] | None,
             got = r.get(f"{key}_cpu") if busy and r.get(f"{key}_cpu") is not None else r.get(key)
             if got is not None and got < TARGETS[key]:
                 basis = " (per CPU-second)" if busy and r.get(f"{key}_cpu") is not None else ""
-                out.append(f"{r['preset']}: {key} {got:.2f} < {TARGETS[key]}{basis}")
+                out.append(f"{r['preset']}: {key} {below(got, TARGETS[key])} < {TARGETS[key]}{basis}")
         t = r.get("platform_time_to_first_step_s")
         if t is not None and t > TARGETS["time_to_first_step_s"]:
             out.append(f"{r['preset']}: time to first step {t:.1f} s > {TARGETS['time_to_first_step_s']} s")

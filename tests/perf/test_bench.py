@@ -75,6 +75,14 @@ def test_busy_machine_judges_throughput_per_cpu_second() -> None:
     assert misses([row], None, busy=True) == ["c: platform/model 0.90 < 0.97 (per CPU-second)"]
 
 
+def test_a_miss_is_printed_with_the_places_that_show_it() -> None:
+    """A ratio just under its target is not printed rounded up to it ("1.00 < 1.0")."""
+    row = _row("d", 1000, 996, 996)
+    assert misses([row], None) == ["d: model/ref 0.996 < 1.0"]
+    row["model/ref"] = 0.99996
+    assert misses([row], None) == ["d: model/ref 0.99996 < 1.0"]
+
+
 def test_auto_pools_its_samples_with_the_setting_it_ran_as() -> None:
     labels = set(thread_settings())
     assert {"auto", "1t"} <= labels
