@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .fast_gelu import gelu_tanh
 from .norms import build_norm
 from .variants import MLPS, check_registry
 
@@ -56,7 +57,7 @@ class GatedMLP(nn.Module):
 class GeluMLP(TwoLayerMLP):
     def act(self, h: torch.Tensor) -> torch.Tensor:
         # tanh approximation, as in GPT-2 / BERT's original code
-        return F.gelu(h, approximate="tanh")
+        return gelu_tanh(h)
 
 
 class GeluExactMLP(TwoLayerMLP):
@@ -84,7 +85,7 @@ class GeGLU(GatedMLP):
     """GELU-gated (Shazeer 2020; T5 v1.1, Gemma), tanh approximation as in GeluMLP."""
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
-        return F.gelu(h, approximate="tanh")
+        return gelu_tanh(h)
 
 
 class MLMTransform(nn.Module):
@@ -95,10 +96,11 @@ class MLMTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.norm = build_norm(cfg)
-        self.approximate = "none" if cfg.mlp == "gelu_exact" else "tanh"
+        self.exact = cfg.mlp == "gelu_exact"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(F.gelu(self.dense(x), approximate=self.approximate))
+        h = self.dense(x)
+        return self.norm(F.gelu(h) if self.exact else gelu_tanh(h))
 
 
 MLP_CLASSES: dict[str, type[nn.Module]] = {
