@@ -104,6 +104,21 @@ def test_the_tanh_gelu_mlps_train_through_the_kernel(mlp: str) -> None:
     loss.backward()
 
 
+@pytest.mark.parametrize(("threads", "started"), [(1, 0), (2, 1)])
+def test_it_runs_on_torchs_thread_count(tmp_path: Path, threads: int, started: int) -> None:
+    """torch keeps its thread count apart from OpenMP's default (every core): a sweep's
+    one-thread process must not start a second thread for the kernel; with 2, it starts one."""
+    code = ("import os, numpy, torch; from scalelab.model import fast_gelu as g;"
+            f"torch.set_num_threads({threads}); g.library();"
+            "x = torch.from_numpy(numpy.full(1 << 20, 0.5, numpy.float32));"  # no torch kernel yet
+            "before = len(os.listdir('/proc/self/task')); [g.gelu_tanh(x) for _ in range(3)];"
+            "print(before, len(os.listdir('/proc/self/task')))")
+    proc = _run(code, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    before, after = map(int, proc.stdout.split())
+    assert after == before + started
+
+
 def test_it_is_built_once_and_loaded_by_later_processes(tmp_path: Path) -> None:
     code = ("import torch; from scalelab.model import fast_gelu as g; assert g.library() is not None;"
             "print(g._built())")

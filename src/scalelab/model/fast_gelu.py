@@ -67,7 +67,8 @@ class _GeluTanh(torch.autograd.Function):
 def _call(name: str, *inputs: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(inputs[-1])
     kernel = getattr(library(), f"{name}_{_SUFFIX[out.dtype]}")
-    kernel(*(ctypes.c_void_p(t.data_ptr()) for t in (*inputs, out)), ctypes.c_int64(out.numel()))
+    kernel(*(ctypes.c_void_p(t.data_ptr()) for t in (*inputs, out)), ctypes.c_int64(out.numel()),
+           ctypes.c_int(torch.get_num_threads()))
     return out
 
 

@@ -13,7 +13,9 @@
  * nearest even once, as torch's bf16 kernels do.
  *
  * Threads: OpenMP, linked at load time against the libgomp that torch already loaded (same
- * soname), so these loops run on torch's own thread pool with torch.set_num_threads' count.
+ * soname), so these loops run on torch's own thread pool. The caller passes the count
+ * (torch.get_num_threads()): torch keeps its own and does not set OpenMP's default, which is
+ * every core, too many for a sweep's one-thread processes.
  */
 #include <stdint.h>
 #include <string.h>
@@ -26,6 +28,8 @@ float expf(float);
 #define TWO_C 1.5957691216057308f          /* 2 sqrt(2/pi) */
 #define TWO_C_K 0.0713548162726008f        /* 2 sqrt(2/pi) 0.044715 */
 #define PARALLEL_FROM 32768                /* below this, one thread: a fork costs more */
+/* "parallel:" — a bare if() would also turn off the simd part of the construct below it */
+#define LOOP _Pragma("omp parallel for simd schedule(static) num_threads(threads) if (parallel: n >= PARALLEL_FROM)")
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -54,22 +58,22 @@ static inline float gelu_grad(float g, float x) {
     return g * (s + x * s * (1.0f - s) * (TWO_C + 3.0f * TWO_C_K * x2));
 }
 
-void gelu_tanh_f32(const float *x, float *y, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= PARALLEL_FROM)
+void gelu_tanh_f32(const float *x, float *y, int64_t n, int threads) {
+LOOP
     for (int64_t i = 0; i < n; i++) y[i] = gelu(x[i]);
 }
 
-void gelu_tanh_backward_f32(const float *g, const float *x, float *dx, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= PARALLEL_FROM)
+void gelu_tanh_backward_f32(const float *g, const float *x, float *dx, int64_t n, int threads) {
+LOOP
     for (int64_t i = 0; i < n; i++) dx[i] = gelu_grad(g[i], x[i]);
 }
 
-void gelu_tanh_bf16(const uint16_t *x, uint16_t *y, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= PARALLEL_FROM)
+void gelu_tanh_bf16(const uint16_t *x, uint16_t *y, int64_t n, int threads) {
+LOOP
     for (int64_t i = 0; i < n; i++) y[i] = f32_to_bf16(gelu(bf16_to_f32(x[i])));
 }
 
-void gelu_tanh_backward_bf16(const uint16_t *g, const uint16_t *x, uint16_t *dx, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= PARALLEL_FROM)
+void gelu_tanh_backward_bf16(const uint16_t *g, const uint16_t *x, uint16_t *dx, int64_t n, int threads) {
+LOOP
     for (int64_t i = 0; i < n; i++) dx[i] = f32_to_bf16(gelu_grad(bf16_to_f32(g[i]), bf16_to_f32(x[i])));
 }
