@@ -103,6 +103,27 @@ def test_bf16_is_computed_in_fp32_and_rounded_once() -> None:
     assert (ours == F.gelu(x, approximate="tanh")).float().mean() > 0.85
 
 
+def test_second_derivatives_are_torchs() -> None:
+    """Under create_graph (a Hessian-vector product) the backward is torch's differentiable op."""
+    x = (torch.randn(64, 32) * 2).requires_grad_()
+    grads = []
+    for fn in (fast_gelu.gelu_tanh, lambda t: F.gelu(t, approximate="tanh")):
+        (dx,) = torch.autograd.grad(fn(x).sum(), x, create_graph=True)
+        (ddx,) = torch.autograd.grad(dx.sum(), x)
+        grads.append((dx, ddx))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
+
+
+def test_without_grad_no_graph_is_recorded() -> None:
+    x = torch.cat([torch.randn(2047), torch.tensor([-8.0])]).requires_grad_()
+    with torch.no_grad():
+        y = fast_gelu.gelu_tanh(x)
+    assert y.grad_fn is None and not y.requires_grad
+    torch.testing.assert_close(y, F.gelu(x.detach(), approximate="tanh"))
+    assert y[-1] < 0  # the kernel's tail (torch's form gives 0 at -8): the kernel ran
+
+
 def test_a_strided_input_is_read_in_its_logical_order() -> None:
     x = torch.randn(512, 96).t()
     assert not x.is_contiguous()
