@@ -11,7 +11,7 @@
  * ulp (and this form keeps the small negative tail without the cancellation of 1 + tanh u).
  * exp's argument is clamped to [-80, 80]: libmvec takes a scalar path for every lane whose exp
  * over- or underflows (|2u| > ~87, i.e. |x| > ~10), which made the kernel 10x slower on inputs
- * of a sweep point's spread; at the clamp the result is x to within 2e-35 relative, or below
+ * drawn from N(0, 10); at the clamp the result is x to within 2e-35 relative, or below
  * 2e-35 |x|, where the exact one is smaller still. NaN propagates; x = -inf gives -inf
  * (torch's form gives NaN). bf16 is computed in fp32 and rounded to nearest even once, as
  * torch's bf16 kernels do.
