@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scalelab.model import Transformer, fast_gelu
+from scalelab.model import Transformer, cpu_kernels, fast_gelu
 
 from .helpers import tiny
 
 pytestmark = pytest.mark.skipif(
-    not fast_gelu.SUPPORTED or shutil.which(os.environ.get("CC") or "cc") is None,
+    not cpu_kernels.SUPPORTED or shutil.which(os.environ.get("CC") or "cc") is None,
     reason="the kernel is built with a C compiler on Linux x86-64")
 
 # -inf is apart: torch's form gives NaN (-inf * 0), the kernel's -inf (see gelu_tanh.c)
@@ -162,7 +162,7 @@ def test_it_runs_on_torchs_thread_count(tmp_path: Path, threads: int, started: i
 
 def test_it_is_built_once_and_loaded_by_later_processes(tmp_path: Path) -> None:
     code = ("import torch; from scalelab.model import fast_gelu as g; assert g.library() is not None;"
-            "print(g._built())")
+            "from scalelab.model.cpu_kernels import built; print(built(g.KERNEL))")
     first = _run(code, tmp_path)
     assert first.returncode == 0, first.stderr
     built = Path(first.stdout.strip())

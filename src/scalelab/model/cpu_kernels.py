@@ -1,0 +1,127 @@
+"""scalelab's C kernels for the CPU (``model/*.c``): built on first use, cached per CPU, shared.
+
+Each kernel is one C file next to this module, compiled with the system's C compiler (``CC``,
+else ``cc``; about a second, no torch headers) for this CPU (``-march=native``) into
+``SCALELAB_KERNEL_CACHE`` (else ``$XDG_CACHE_HOME/scalelab/kernels``, else
+``~/.cache/scalelab/kernels``) under a name keyed by the source, the flags and the CPU, and
+loaded from there by every later process. Where a kernel cannot be built or loaded (no
+compiler, a read-only cache, not glibc), ``load`` logs one warning saying why and returns None,
+and its caller runs torch's own op: the results agree either way to float rounding. Each
+kernel has an environment switch that turns it off (``<switch>=0``).
+
+The kernels use OpenMP and are linked against the libgomp that torch already loaded (the same
+soname), so their loops run on torch's own thread pool; with another OpenMP runtime in torch
+they stay off. Linux x86-64 only, the only hosts measured.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SUPPORTED = platform.system() == "Linux" and platform.machine() == "x86_64"
+# -march=native: built per CPU (the cache key holds it); 512-bit vectors where the CPU has them
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno",
+         "-fPIC", "-shared")
+BUILD_TIMEOUT_S = 120
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """``name``.c next to this module; ``label`` names it in the log; ``switch`` is the
+    environment variable that turns it off with 0; ``functions`` maps each exported function
+    to its ctypes return type (None: void)."""
+
+    name: str
+    label: str
+    switch: str
+    functions: tuple[tuple[str, type | None], ...]
+    flags: tuple[str, ...] = ()
+    libs: tuple[str, ...] = ("-lm",)
+
+    @property
+    def source(self) -> Path:
+        return Path(__file__).with_name(f"{self.name}.c")
+
+
+@functools.cache
+def load(kernel: Kernel) -> ctypes.CDLL | None:
+    """The built kernel, or None (the caller runs torch's op) with one warning saying why."""
+    if not SUPPORTED or os.environ.get(kernel.switch, "1") == "0":
+        return None
+    if not _torch_runs_libgomp():
+        # the kernel would bring a second OpenMP runtime, whose threads contend with torch's
+        log.warning("%s: torch's kernel runs: torch's OpenMP runtime is not libgomp", kernel.label)
+        return None
+    try:
+        lib = ctypes.CDLL(str(built(kernel)))
+    except (OSError, subprocess.SubprocessError) as err:
+        log.warning("%s: torch's kernel runs, scalelab's faster one is unavailable: %s", kernel.label,
+                    str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+        return None
+    for name, restype in kernel.functions:
+        getattr(lib, name).restype = restype
+    return lib
+
+
+def built(kernel: Kernel) -> Path:
+    """The shared library for this source, these flags and this CPU: from the cache, else
+    compiled into it (to a temporary name, then renamed, so processes that start together
+    never load a half-written file)."""
+    compiler = os.environ.get("CC") or "cc"
+    flags = (*FLAGS, *kernel.flags)
+    key = hashlib.sha256(b"\0".join([kernel.source.read_bytes(), compiler.encode(),
+                                     " ".join(flags + kernel.libs).encode(),
+                                     _cpu_identity().encode()])).hexdigest()[:16]
+    target = cache_dir() / f"{kernel.name}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{kernel.name}-", suffix=".so")
+    os.close(fd)
+    try:
+        proc = subprocess.run([compiler, *flags, str(kernel.source), "-o", tmp, *kernel.libs],
+                              capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise OSError(f"{compiler} failed: {(proc.stderr or proc.stdout).strip() or proc.returncode}")
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    log.info("%s: built scalelab's CPU kernel into %s", kernel.label, target)
+    return target
+
+
+def _torch_runs_libgomp() -> bool:
+    """Whether torch loaded libgomp (the pip wheels' OpenMP), which the kernel then shares: its
+    ``libgomp.so.1`` resolves to the library already loaded under that name."""
+    try:
+        return "/libgomp" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+
+
+def cache_dir() -> Path:
+    if os.environ.get("SCALELAB_KERNEL_CACHE"):
+        return Path(os.environ["SCALELAB_KERNEL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "scalelab" / "kernels"
+
+
+def _cpu_identity() -> str:
+    """What -march=native compiles for: the CPU's model and its flags (Linux), else the platform."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))]
+    return "\n".join(dict.fromkeys(lines))
