@@ -1,12 +1,13 @@
-"""Attention at small heads on this CPU: the written-out path against SDPA, and what the model takes.
+"""Attention at small heads on this CPU: scalelab's kernel and the batched-matmul path against
+SDPA, and what the model takes.
 
-For each shape (a CPU sweep point's heads are 4 or 8 wide, 64 positions, 1 thread), forward +
-backward of both paths in alternating blocks on q, k, v laid out as the model's (strided views
-of one projection), causal; prints the medians, their ratio, and the choice
-``small_head_attention.pays`` makes here, timed its own way. Where the written-out path runs
-slower than SDPA, the model keeps SDPA.
+For each shape (a CPU sweep point's heads are 4 or 8 wide, 64 positions, 1 thread a run),
+forward + backward of every path in alternating blocks on q, k, v laid out as the model's
+(strided views of one projection), causal; prints the medians, each path's speed over SDPA's,
+and the choice ``small_head_attention.pays`` makes here, timed its own way. Where the chosen path
+runs slower than SDPA, the model keeps SDPA.
 
-    python -m benchmarks.small_heads [--rounds 7] [--reps 30]
+    python -m benchmarks.small_heads [--rounds 7] [--reps 30] [--threads 1]
 """
 
 from __future__ import annotations
@@ -34,23 +35,37 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (a sweep point runs 1)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     from scalelab.model import small_head_attention as sha
 
-    paths = {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-             "written out": lambda q, k, v: sha.attention(q, k, v, None, True, None)}
-    print(f"{'B, H, T, hd':>16s} {'SDPA us':>9s} {'written us':>11s} {'written speed':>14s}  the model takes")
+    kernel = sha.kernel_runs()
+
+    def path(use_kernel: bool) -> Callable[..., torch.Tensor]:
+        def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            sha.USE_KERNEL = use_kernel
+            return sha.attention(q, k, v, None, True, None)
+        return run
+
+    paths = {"SDPA": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+             **({"kernel": path(True)} if kernel else {}), "matmuls": path(False)}
+    print(f"torch threads {torch.get_num_threads()}; scalelab's kernel "
+          f"{'built' if kernel else 'unavailable (see the warning)'}")
+    print(f"{'B, H, T, hd':>16s} " + " ".join(f"{n + ' us':>11s}" for n in paths)
+          + " " + " ".join(f"{n + ' speed':>14s}" for n in list(paths)[1:]) + "  the model takes")
     for b, h, t, hd in SHAPES:
         fused = torch.randn(b, t, 3, h, hd)
         qkv = tuple(fused[:, :, i].transpose(1, 2).detach().requires_grad_() for i in range(3))
         times: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(args.rounds):
-            for name, path in paths.items():
-                times[name].append(_per_call_us(path, qkv, args.reps))
-        sdpa, written = (statistics.median(times[n]) for n in paths)
-        takes = "written out" if sha.pays(qkv[0], qkv[1], None, True) else "SDPA"
-        print(f"{(b, h, t, hd)!s:>16s} {sdpa:9.0f} {written:11.0f} {sdpa / written:13.2f}x  {takes}")
+            for name, run in paths.items():
+                times[name].append(_per_call_us(run, qkv, args.reps))
+        us = {n: statistics.median(times[n]) for n in paths}
+        sha.USE_KERNEL = True
+        takes = sha._path_name() if sha.applies(*qkv[:2], 0.0) and sha.pays(qkv[0], qkv[1], None, True) else "SDPA"
+        print(f"{(b, h, t, hd)!s:>16s} " + " ".join(f"{us[n]:11.0f}" for n in paths) + " "
+              + " ".join(f"{us['SDPA'] / us[n]:13.2f}x" for n in list(paths)[1:]) + f"  {takes}")
     return 0
 
 

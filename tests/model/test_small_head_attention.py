@@ -1,9 +1,12 @@
 """The CPU small-head attention path equals SDPA (outputs and gradients), may apply only where it
-was measured to win on some CPU, and is taken only where it times faster on this one."""
+was measured to win on some CPU, and is taken only where it times faster on this one. Every test
+runs twice: through scalelab's kernel and through the batched-matmul path it falls back to."""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,9 +14,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scalelab.model import ModelConfig, Transformer
+from scalelab.model import ModelConfig, Transformer, cpu_kernels
 from scalelab.model import small_head_attention as sha
 from scalelab.model.transformer import MASK_VALUE
+
+PATH_NODES = ("_SmallHeadAttention", "_KernelAttention")  # the two paths' autograd nodes
+CAN_BUILD = cpu_kernels.SUPPORTED and shutil.which(os.environ.get("CC") or "cc") is not None
+
+
+@pytest.fixture(autouse=True, params=[
+    pytest.param("kernel", marks=pytest.mark.skipif(not CAN_BUILD, reason="needs a C compiler on Linux x86-64")),
+    "matmuls"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(sha, "USE_KERNEL", request.param == "kernel")
+    assert sha.kernel_runs() == (request.param == "kernel"), "the kernel did not build: see the warning"
+    return str(request.param)
 
 
 @pytest.fixture
@@ -98,7 +113,8 @@ def test_it_may_apply_only_where_it_was_measured_to_win(one_thread: None) -> Non
         assert not sha.applies(q, k, 0.0), "a forward alone is faster in SDPA"
     assert not sha.applies(q.detach(), k.detach(), 0.0), "no gradient wanted"
     torch.set_num_threads(2)
-    assert not sha.applies(q, k, 0.0), "with 2 threads flash parallelizes better"
+    # with 2 threads flash parallelizes better than the matmuls; the kernel runs on them too
+    assert sha.applies(q, k, 0.0) == sha.kernel_runs()
     torch.set_num_threads(1)
     wide, _, _ = _inputs(2, 3, 3, 16, 16, 16)
     assert not sha.applies(wide, wide, 0.0), "head_dim 16: SDPA is as fast"
@@ -166,7 +182,7 @@ def test_a_small_head_transformer_trains_the_same_either_way(
         keep[1, -5:] = False
         logits = model(ids, attention_mask=keep if arch == "encoder" else None)
         names = _graph_names(logits)
-        assert any(n.startswith("_SmallHeadAttention") for n in names) == enabled, names
+        assert _takes(names) == enabled, names
         loss = F.cross_entropy(logits.flatten(0, 1), ids.flatten())
         loss.backward()
         results[enabled] = (loss.detach(), [p.grad for p in model.parameters()])
@@ -184,7 +200,7 @@ def test_activation_checkpointing_recomputes_it_to_the_same_gradients(one_thread
         model = Transformer(cfg)
         model.set_activation_checkpointing(checkpointing)
         logits = model(ids)
-        assert any(n.startswith("_SmallHeadAttention") for n in _graph_names(logits))
+        assert _takes(_graph_names(logits))
         F.cross_entropy(logits.flatten(0, 1), ids.flatten()).backward()
         grads[checkpointing] = [p.grad for p in model.parameters()]
     for a, b in zip(grads[False], grads[True], strict=True):
@@ -209,14 +225,18 @@ def test_a_compiled_model_keeps_sdpa_on_one_thread(one_thread: None) -> None:
     logits = torch.compile(model, backend=capture, fullgraph=True)(ids)
     logits.float().sum().backward()
     assert len(code) == 1 and "scaled_dot_product_attention" in code[0]
-    assert "SmallHeadAttention" not in code[0]
+    assert not any(node in code[0] for node in PATH_NODES)
     assert all(p.grad is not None for p in model.parameters())
 
 
 def _graph_takes_path(model: Transformer, ids: torch.Tensor) -> bool:
     logits = model(ids)
     F.cross_entropy(logits.flatten(0, 1), ids.flatten()).backward()
-    return any(n.startswith("_SmallHeadAttention") for n in _graph_names(logits))
+    return _takes(_graph_names(logits))
+
+
+def _takes(names: set[str]) -> bool:
+    return any(n.startswith(PATH_NODES) for n in names)
 
 
 @pytest.mark.parametrize("margin", [0.0, float("inf")], ids=["always faster", "never faster"])
@@ -235,7 +255,7 @@ def test_measured_it_is_taken_where_it_times_faster_once_a_shape(
     assert [m.split(":")[0] for m in said] == ["attention, q 4x3x32x4", "attention, q 2x3x32x4"]
     assert all(m.endswith("so it runs" if margin == 0.0 else "so SDPA runs") for m in said)
     # timed twice: 4 x 3 and 2 x 3 heads are two classes; 27 positions fall in 32's class
-    assert sorted(fresh_timings) == [(n, 32, 32, 4, 1, None, True) for n in (8, 16)]
+    assert sorted(fresh_timings) == [(n, 32, 32, 4, 1, None, True, sha.kernel_runs(), 1) for n in (8, 16)]
     assert set(fresh_timings.values()) == {margin == 0.0}
     assert torch.equal(torch.get_rng_state(), rng)  # timing drew nothing from the run's stream
 

@@ -1,24 +1,26 @@
-"""Attention for small heads on a CPU: softmax(q k^T * scale + mask) v as batched matmuls, with
-its backward written out.
+"""Attention for small heads on a CPU: softmax(q k^T * scale + mask) v by scalelab's kernel
+(small_head_kernel.py), else as batched matmuls with the backward written out.
 
-Why: a CPU sweep point (head_dim 4 or 8, 64 positions, 1 thread a run) spends much of its step in
-the backward of torch's CPU flash-attention kernel. On a 2-core AMD EPYC (Zen 4) that backward
-written out is ~1.5x faster, mostly thanks to one detail: a bmm whose output has head_dim columns
-runs ~4x slower than its transpose, so every product that ends in head_dim columns (p v forward;
-dv, dq, dk backward) is computed transposed, (v^T p^T)^T, and handed on as a strided view. The
-forward is no faster than flash's, which skips the masked half and reads q, k, v in place.
+Why: a CPU sweep point (head_dim 4 or 8, 64 positions, 1 thread a run) spends about a quarter of
+its step in torch's CPU flash-attention kernel, made for wide heads. scalelab's C kernel puts
+16 queries on the vector lanes and runs forward + backward 1.4-1.7x faster than it at head_dim
+4, 1.1-1.2x at 8, with 1 or 2 threads, on a 2-core AMX Xeon (docs/performance.md, "Small heads
+on a CPU"). Where the kernel cannot be built, the batched-matmul path runs: on a 2-core AMD EPYC
+(Zen 4) it was ~1.5x faster than flash's backward, mostly thanks to one detail: a bmm whose
+output has head_dim columns runs ~4x slower than its transpose, so every product that ends in
+head_dim columns (p v forward; dv, dq, dk backward) is computed transposed, (v^T p^T)^T, and
+handed on as a strided view.
 
-Whether it pays depends on the CPU: on that EPYC a sweep point's step ran 1.04-1.09x faster with
-it; on an Intel Xeon with AMX the same step ran 1.21x slower, and attention alone 1.0-1.8x slower
-at every small-head shape. So it is never assumed: where it may apply (training, 1 thread,
-head_dim <= 8, fp32; ``applies``), the first forward of each shape times both paths on fresh
-tensors of that shape and keeps this path only where it is >= 5 % faster (``pays``;
-docs/performance.md, "Small heads on a CPU").
+Whether either pays depends on the CPU: the batched-matmul path made a sweep point's step
+1.04-1.09x faster on that EPYC and 1.21x slower on the Xeon. So it is never assumed: where a
+path may apply (training, head_dim <= 8, fp32; ``applies``), the first forward of each shape
+times it against SDPA on fresh tensors of that shape and keeps it only where it is >= 5 %
+faster (``pays``).
 
-The probabilities [B*H, Tq, Tk] are materialized and kept for backward, which is why keys are
-capped at MAX_SEQ. Results equal SDPA's to float rounding (tests/model/test_small_head_attention.py).
+The batched-matmul path materializes the probabilities [B*H, Tq, Tk] for backward (the kernel
+keeps a log-sum-exp per query), which is why keys are capped at MAX_SEQ. Results equal SDPA's
+to float rounding (tests/model/test_small_head_attention.py).
 """
-
 from __future__ import annotations
 
 import logging
@@ -30,11 +32,15 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from . import small_head_kernel
+
 MAX_HEAD_DIM = 8  # measured crossover on the EPYC: from 16 on, SDPA is as fast or faster
 MAX_SEQ = 256  # keys; bounds the [B*H, Tq, Tk] probabilities kept for backward
 # "measure": where the path applies, take it if it times faster at that shape; "on": wherever
 # it applies; "off": never (SDPA). Tests and benchmarks compare the paths by setting it.
 MODE = "measure"
+# False: the batched-matmul path even where the kernel is built (tests compare both with SDPA)
+USE_KERNEL = True
 MARGIN = 1.05  # the path must be this much faster: near a tie, SDPA (no probabilities kept)
 ROUNDS, REPS = 5, 2  # timed rounds (after one warm-up) of REPS forward + backward, per path
 log = logging.getLogger(__name__)
@@ -58,14 +64,21 @@ def chosen(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causa
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
-    """Whether this path is used: a training forward (its backward is the gain) in plain fp32 on
-    one CPU thread (with more, flash parallelizes better), small heads, no dropout, not compiling
-    (inductor makes its own kernel from SDPA; tested first, since Dynamo cannot trace
-    torch.get_num_threads inside a compiled block region)."""
+    """Whether this path is used: a training forward (the backward is most of the gain) in plain
+    fp32 on a CPU, small heads, no dropout, not compiling (inductor makes its own kernel from
+    SDPA; tested first, since Dynamo cannot trace torch.get_num_threads inside a compiled block
+    region), and for the batched-matmul path one thread (with more, flash parallelizes better;
+    the kernel runs on torch's threads)."""
     return (MODE != "off" and not torch.compiler.is_compiling() and q.device.type == "cpu"
             and q.dtype == torch.float32 and q.requires_grad and torch.is_grad_enabled()
             and q.shape[-1] <= MAX_HEAD_DIM and k.shape[-2] <= MAX_SEQ and dropout_p == 0.0
-            and torch.get_num_threads() == 1 and not torch.is_autocast_enabled("cpu"))
+            and (kernel_runs() or torch.get_num_threads() == 1)
+            and not torch.is_autocast_enabled("cpu"))
+
+
+def kernel_runs() -> bool:
+    """Whether the path is scalelab's kernel (built here, not turned off), else batched matmuls."""
+    return USE_KERNEL and small_head_kernel.library() is not None
 
 
 _FASTER: dict[tuple[object, ...], bool] = {}  # _shape_class -> this path timed faster
@@ -106,20 +119,25 @@ def _timed_faster(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
             ratio = pool.submit(_speed_ratio, q, k, mask, is_causal).result()
         faster = _FASTER[key] = ratio >= MARGIN
         # Said once per class in the run's log: which kernel trained, on this CPU, and why.
-        log.info("attention, q %s: the written-out small-head path timed %.2fx SDPA's speed here, "
-                 "so %s runs", "x".join(map(str, q.shape)), ratio,
-                 "it" if faster else "SDPA")
+        log.info("attention, q %s: %s timed %.2fx SDPA's speed here, so %s runs",
+                 "x".join(map(str, q.shape)), _path_name(), ratio, "it" if faster else "SDPA")
     return faster
+
+
+def _path_name() -> str:
+    return "scalelab's small-head kernel" if kernel_runs() else "the written-out small-head path"
 
 
 def _shape_class(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
                  is_causal: bool) -> tuple[object, ...]:
     """Shapes that are timed once: batch x heads, queries and keys rounded up to a power of two
     (a seq2seq run meets a new target length every few batches; the ratio moves smoothly with
-    size), head_dim, heads per K/V head, which mask dimensions broadcast, causal or not."""
+    size), head_dim, heads per K/V head, which mask dimensions broadcast, causal or not, and
+    which path on how many threads."""
     b, h, tq, hd = q.shape
     broadcast = None if mask is None else tuple(d == 1 for d in mask.shape)
-    return (_pow2(b * h), _pow2(tq), _pow2(k.shape[2]), hd, h // k.shape[1], broadcast, is_causal)
+    return (_pow2(b * h), _pow2(tq), _pow2(k.shape[2]), hd, h // k.shape[1], broadcast, is_causal,
+            kernel_runs(), torch.get_num_threads())
 
 
 def _pow2(n: int) -> int:
@@ -156,6 +174,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     """SDPA's result for q [B, H, Tq, hd] and k, v [B, Hkv, Tk, hd] (Hkv divides H, as SDPA's
     enable_gqa), an additive float mask broadcastable to [B, H, Tq, Tk], or is_causal (aligned
     top-left, as SDPA's). Returns [B, H, Tq, hd] (a strided view)."""
+    if kernel_runs():
+        return small_head_kernel.attention(q, k, v, mask, is_causal, scale)
     b, h, tq, hd = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     if hkv != h:  # query head i reads K/V head i // (h / hkv), as SDPA's enable_gqa
