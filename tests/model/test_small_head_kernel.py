@@ -125,3 +125,12 @@ def test_it_can_be_turned_off(tmp_path: Path) -> None:
     proc = _run(_FALLBACK, tmp_path, SCALELAB_FAST_ATTENTION="0")
     assert proc.returncode == 0, proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_its_limits_are_the_c_files_and_cover_the_paths() -> None:
+    source = small_head_kernel.KERNEL.source.read_text()
+    assert f"#define MAX_HD {small_head_kernel.MAX_HEAD_DIM}\n" in source
+    assert f"#define MAX_T {small_head_kernel.MAX_KEYS}\n" in source
+    from scalelab.model import small_head_attention as sha
+
+    assert sha.MAX_HEAD_DIM <= small_head_kernel.MAX_HEAD_DIM and sha.MAX_SEQ <= small_head_kernel.MAX_KEYS

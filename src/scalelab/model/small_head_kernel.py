@@ -11,8 +11,6 @@ copies. It saves the log-sum-exp per query for backward, not the probabilities.
 from __future__ import annotations
 
 import ctypes
-import time
-TIMES = {'f': [], 'b': []}
 
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
@@ -69,12 +67,10 @@ class _KernelAttention(torch.autograd.Function):
         b, h, tq, hd = q.shape
         y = _heads_last(b, h, tq, hd, q)
         lse = q.new_empty(b, h, tq)
-        t0 = time.perf_counter()
         _check(library().sha_forward(  # type: ignore[union-attr]
             _ptr(q), _ptr(k), _ptr(v), _ptr(mask), _ptr(y), _ptr(lse), _dims(q, k, q, k, v, mask, y),
             ctypes.c_int(causal), ctypes.c_float(scale), ctypes.c_int(torch.get_num_threads())),
             "forward")
-        TIMES['f'].append(time.perf_counter() - t0)
         ctx.save_for_backward(q, k, v, y, lse, mask)
         ctx.causal, ctx.scale = causal, scale  # type: ignore[attr-defined]
         return y
@@ -86,11 +82,9 @@ class _KernelAttention(torch.autograd.Function):
         b, h, tq, hd = q.shape
         hkv, tk = k.shape[1], k.shape[2]
         dq, dk, dv = (_heads_last(b, n, t, hd, q) for n, t in ((h, tq), (hkv, tk), (hkv, tk)))
-        t0 = time.perf_counter()
         _check(library().sha_backward(  # type: ignore[union-attr]
             _ptr(dy), _ptr(q), _ptr(k), _ptr(v), _ptr(y), _ptr(lse), _ptr(mask), _ptr(dq), _ptr(dk),
             _ptr(dv), _dims(q, k, dy, q, k, v, y, mask, dq, dk, dv), ctypes.c_int(ctx.causal),  # type: ignore[attr-defined]
             ctypes.c_float(ctx.scale), ctypes.c_int(torch.get_num_threads())),  # type: ignore[attr-defined]
             "backward")
-        TIMES['b'].append(time.perf_counter() - t0)
         return dq, dk, dv, None, None, None
