@@ -3,9 +3,9 @@
 
 Why: a CPU sweep point (head_dim 4 or 8, 64 positions, 1 thread a run) spends about a quarter of
 its step in torch's CPU flash-attention kernel, made for wide heads. scalelab's C kernel puts
-16 queries on the vector lanes and runs forward + backward 1.4-1.7x faster than it at head_dim
-4, 1.1-1.2x at 8, with 1 or 2 threads, on a 2-core AMX Xeon (docs/performance.md, "Small heads
-on a CPU"). Where the kernel cannot be built, the batched-matmul path runs: on a 2-core AMD EPYC
+16 queries on the vector lanes and runs forward + backward 1.3-1.8x faster than it at head_dim
+4, 1.15-1.4x at 8, with 1 or 2 threads, on a 2-core AMX Xeon (docs/performance.md, "a small-head
+attention kernel"). Where the kernel cannot be built, the batched-matmul path runs: on a 2-core AMD EPYC
 (Zen 4) it was ~1.5x faster than flash's backward, mostly thanks to one detail: a bmm whose
 output has head_dim columns runs ~4x slower than its transpose, so every product that ends in
 head_dim columns (p v forward; dv, dq, dk backward) is computed transposed, (v^T p^T)^T, and
@@ -21,6 +21,7 @@ The batched-matmul path materializes the probabilities [B*H, Tq, Tk] for backwar
 keeps a log-sum-exp per query), which is why keys are capped at MAX_SEQ. Results equal SDPA's
 to float rounding (tests/model/test_small_head_attention.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -156,17 +157,17 @@ def _speed_ratio(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                               enable_gqa=gqa)
 
-    def written_out() -> torch.Tensor:
+    def this_path() -> torch.Tensor:
         return attention(q, k, v, mask, is_causal, None)
 
-    times: dict[object, list[float]] = {sdpa: [], written_out: []}
+    times: dict[object, list[float]] = {sdpa: [], this_path: []}
     for _ in range(ROUNDS + 1):
         for path, seconds in times.items():
             t0 = time.perf_counter()
             for _ in range(REPS):
                 path().sum().backward()  # type: ignore[operator]
             seconds.append(time.perf_counter() - t0)
-    return statistics.median(times[sdpa][1:]) / statistics.median(times[written_out][1:])
+    return statistics.median(times[sdpa][1:]) / statistics.median(times[this_path][1:])
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
