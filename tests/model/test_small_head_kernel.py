@@ -118,6 +118,7 @@ def test_without_a_compiler_the_matmul_path_runs_after_one_warning(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     warnings = [ln for ln in proc.stderr.splitlines() if "attention (small heads)" in ln]
     assert len(warnings) == 1 and "no-such-cc" in warnings[0], proc.stderr
+    assert "SDPA or the batched-matmul path runs" in warnings[0]
     assert not any((tmp_path / "cache").iterdir())  # nothing half-built left behind
 
 

@@ -1,12 +1,13 @@
 """scalelab's C kernels for the CPU (``model/*.c``): built on first use, cached per CPU, shared.
 
 Each kernel is one C file next to this module, compiled with the system's C compiler (``CC``,
-else ``cc``; about a second, no torch headers) for this CPU (``-march=native``) into
+else ``cc``; one to three seconds, no torch headers) for this CPU (``-march=native``) into
 ``SCALELAB_KERNEL_CACHE`` (else ``$XDG_CACHE_HOME/scalelab/kernels``, else
 ``~/.cache/scalelab/kernels``) under a name keyed by the source, the flags and the CPU, and
 loaded from there by every later process. Where a kernel cannot be built or loaded (no
 compiler, a read-only cache, not glibc), ``load`` logs one warning saying why and returns None,
-and its caller runs torch's own op: the results agree either way to float rounding. Each
+and its caller runs its other path (``Kernel.fallback``): the results agree either way to float
+rounding. Each
 kernel has an environment switch that turns it off (``<switch>=0``).
 
 The kernels use OpenMP and are linked against the libgomp that torch already loaded (the same
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 class Kernel:
     """``name``.c next to this module; ``label`` names it in the log; ``switch`` is the
     environment variable that turns it off with 0; ``functions`` maps each exported function
-    to its ctypes return type (None: void)."""
+    to its ctypes return type (None: void); ``fallback`` says what runs without it."""
 
     name: str
     label: str
@@ -47,6 +48,7 @@ class Kernel:
     functions: tuple[tuple[str, type | None], ...]
     flags: tuple[str, ...] = ()
     libs: tuple[str, ...] = ("-lm",)
+    fallback: str = "torch's kernel runs"
 
     @property
     def source(self) -> Path:
@@ -60,12 +62,12 @@ def load(kernel: Kernel) -> ctypes.CDLL | None:
         return None
     if not _torch_runs_libgomp():
         # the kernel would bring a second OpenMP runtime, whose threads contend with torch's
-        log.warning("%s: torch's kernel runs: torch's OpenMP runtime is not libgomp", kernel.label)
+        log.warning("%s: %s: torch's OpenMP runtime is not libgomp", kernel.label, kernel.fallback)
         return None
     try:
         lib = ctypes.CDLL(str(built(kernel)))
     except (OSError, subprocess.SubprocessError) as err:
-        log.warning("%s: torch's kernel runs, scalelab's faster one is unavailable: %s", kernel.label,
+        log.warning("%s: %s, scalelab's faster one is unavailable: %s", kernel.label, kernel.fallback,
                     str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
         return None
     for name, restype in kernel.functions:

@@ -19,7 +19,8 @@ from . import cpu_kernels
 
 KERNEL = cpu_kernels.Kernel("small_head_attention", "attention (small heads)",
                             "SCALELAB_FAST_ATTENTION",
-                            (("sha_forward", ctypes.c_int), ("sha_backward", ctypes.c_int)))
+                            (("sha_forward", ctypes.c_int), ("sha_backward", ctypes.c_int)),
+                            fallback="SDPA or the batched-matmul path runs, whichever times faster")
 MAX_HEAD_DIM, MAX_KEYS = 16, 256  # the C file's MAX_HD and MAX_T
 
 
