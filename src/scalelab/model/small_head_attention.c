@@ -93,6 +93,22 @@ INLINE void load_block(const float *x, const int64_t *s, const unit_t *u, int64_
         for (int l = 0; l < L; l++) out[d][l] = l < nl ? base[l * s[2] + d * s[3]] * mul : 0.0f;
 }
 
+/* acc[k][l] += the dot product of lane l of xt [hd][L] with row j + k of rows, k < 4 (four
+ * rows at a time: independent dependency chains) */
+INLINE void add_dots4(const float (*xt)[L], const float *rows, int64_t j, float (*acc)[L],
+                      const int64_t hd) {
+    for (int64_t d = 0; d < hd; d++) {
+        const float *rd = rows + j * hd + d;
+        const float r0 = rd[0], r1 = rd[hd], r2 = rd[2 * hd], r3 = rd[3 * hd];
+        LANES {
+            acc[0][l] += xt[d][l] * r0;
+            acc[1][l] += xt[d][l] * r1;
+            acc[2][l] += xt[d][l] * r2;
+            acc[3][l] += xt[d][l] * r3;
+        }
+    }
+}
+
 /* scores of the block's queries against keys j..j+3 (+ the mask), into sc[4][L] */
 INLINE void scores4(const float (*qt)[L], const float *kr, const float *mask, const int64_t *ms,
                     const unit_t *u, int64_t i0, int64_t nl, int64_t j, int64_t jmax,
@@ -105,16 +121,7 @@ INLINE void scores4(const float (*qt)[L], const float *kr, const float *mask, co
             LANES sc[k][l] = 0.0f;
         }
     }
-    for (int64_t d = 0; d < hd; d++) {
-        const float *kd = kr + j * hd + d;
-        const float k0 = kd[0], k1 = kd[hd], k2 = kd[2 * hd], k3 = kd[3 * hd];
-        LANES {
-            sc[0][l] += qt[d][l] * k0;
-            sc[1][l] += qt[d][l] * k1;
-            sc[2][l] += qt[d][l] * k2;
-            sc[3][l] += qt[d][l] * k3;
-        }
-    }
+    add_dots4(qt, kr, j, sc, hd);
 }
 
 /* whether key j is hidden from lane l of the block at i0 (past the keys, or in its future) */
@@ -265,16 +272,7 @@ INLINE void backward_block(const grads_in_t *t, const int64_t *dims, const unit_
         for (int k = 0; k < 4; k++) {
             LANES dp[k][l] = 0.0f;
         }
-        for (int64_t d = 0; d < hd; d++) {
-            const float *vd = vr + j * hd + d;
-            const float v0 = vd[0], v1 = vd[hd], v2 = vd[2 * hd], v3 = vd[3 * hd];
-            LANES {
-                dp[0][l] += gt[d][l] * v0;
-                dp[1][l] += gt[d][l] * v1;
-                dp[2][l] += gt[d][l] * v2;
-                dp[3][l] += gt[d][l] * v3;
-            }
-        }
+        add_dots4(gt, vr, j, dp, hd); /* dp = dy . v */
         for (int k = 0; k < 4; k++) {
             LANES {
                 const float e = exp_nonpos(sc[k][l] - li[l]);
