@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(_per_call_us(run, qkv, args.reps))
         us = {n: statistics.median(times[n]) for n in paths}
         sha.USE_KERNEL = True
-        takes = sha._path_name() if sha.applies(*qkv[:2], 0.0) and sha.pays(qkv[0], qkv[1], None, True) else "SDPA"
+        takes = sha._path_name() if sha.chosen(qkv[0], qkv[1], None, True, 0.0) else "SDPA"
         print(f"{(b, h, t, hd)!s:>16s} " + " ".join(f"{us[n]:11.0f}" for n in paths) + " "
               + " ".join(f"{us['SDPA'] / us[n]:13.2f}x" for n in list(paths)[1:]) + f"  {takes}")
     return 0
