@@ -52,7 +52,7 @@ def _run(code: str, cache: Path, **env: str) -> subprocess.CompletedProcess[str]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_values_and_gradients_equal_torchs_in_fp32(threads: int) -> None:
+def test_values_and_gradients_equal_torchs_in_fp32(threads: int, kernel_arch: str) -> None:
     torch.set_num_threads(threads)  # 2: the parallel loop (from 32,768 elements)
     x = torch.cat([torch.randn(300, 256) * 4, torch.tensor(SPECIAL).repeat(256)[: 256 * 2].view(2, 256)])
     x.requires_grad_()
@@ -66,7 +66,7 @@ def test_values_and_gradients_equal_torchs_in_fp32(threads: int) -> None:
     torch.testing.assert_close(ours_dx, theirs_dx, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-def test_special_values_and_the_far_tail() -> None:
+def test_special_values_and_the_far_tail(kernel_arch: str) -> None:
     x = torch.tensor(SPECIAL)
     ours = fast_gelu.gelu_tanh(x)
     torch.testing.assert_close(ours, F.gelu(x, approximate="tanh"), equal_nan=True, rtol=1e-6, atol=1e-20)
@@ -86,7 +86,7 @@ def _exact(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(2 * (2 / torch.pi) ** 0.5 * (x + 0.044715 * x**3))
 
 
-def test_bf16_is_computed_in_fp32_and_rounded_once() -> None:
+def test_bf16_is_computed_in_fp32_and_rounded_once(kernel_arch: str) -> None:
     x = (torch.randn(64, 512) * 3).bfloat16().requires_grad_()
     grad = torch.randn(64, 512).bfloat16()
     ours = fast_gelu.gelu_tanh(x)

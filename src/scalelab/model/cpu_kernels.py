@@ -10,6 +10,11 @@ and its caller runs its other path (``Kernel.fallback``): the results agree eith
 rounding. Each
 kernel has an environment switch that turns it off (``<switch>=0``).
 
+``SCALELAB_KERNEL_ARCH`` (one of ``ARCH_LEVELS``) builds for an x86-64 level instead of this
+CPU: the code an older CPU would run (``x86-64-v3``: AVX2 and FMA, as AMD's Zen 1-3; ``x86-64-v2``:
+SSE4.2), so it can be tested and timed on this one. A level this CPU cannot run is refused with
+the warning above, not loaded.
+
 The kernels use OpenMP and are linked against the libgomp that torch already loaded (the same
 soname), so their loops run on torch's own thread pool; with another OpenMP runtime in torch
 they stay off. Linux x86-64 only, the only hosts measured.
@@ -29,9 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SUPPORTED = platform.system() == "Linux" and platform.machine() == "x86_64"
-# -march=native: built per CPU (the cache key holds it); 512-bit vectors where the CPU has them
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno",
-         "-fPIC", "-shared")
+# -march: this CPU's by default (the cache key holds it); 512-bit vectors where the CPU has them
+FLAGS = ("-O3", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared")
+ARCH_SWITCH = "SCALELAB_KERNEL_ARCH"
+_V2 = ("cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3")
+_V3 = (*_V2, "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
+# the x86-64 micro-architecture levels GCC and Clang build for, with the /proc/cpuinfo flags each
+# needs to run
+ARCH_LEVELS: dict[str, tuple[str, ...]] = {
+    "x86-64": (), "x86-64-v2": _V2, "x86-64-v3": _V3,
+    "x86-64-v4": (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+}
 BUILD_TIMEOUT_S = 120
 log = logging.getLogger(__name__)
 
@@ -80,7 +93,7 @@ def built(kernel: Kernel) -> Path:
     compiled into it (to a temporary name, then renamed, so processes that start together
     never load a half-written file)."""
     compiler = os.environ.get("CC") or "cc"
-    flags = (*FLAGS, *kernel.flags)
+    flags = (*FLAGS, f"-march={target_arch()}", *kernel.flags)
     key = hashlib.sha256(b"\0".join([kernel.source.read_bytes(), compiler.encode(),
                                      " ".join(flags + kernel.libs).encode(),
                                      _cpu_identity().encode()])).hexdigest()[:16]
@@ -101,6 +114,31 @@ def built(kernel: Kernel) -> Path:
         Path(tmp).unlink(missing_ok=True)
     log.info("%s: built scalelab's CPU kernel into %s", kernel.label, target)
     return target
+
+
+def target_arch(flags: set[str] | None = None) -> str:
+    """What the kernels are built for: ``native`` (this CPU), or the level ``SCALELAB_KERNEL_ARCH``
+    names where a CPU with ``flags`` (this one's by default) can run it (OSError otherwise:
+    ``load`` warns and returns None)."""
+    arch = os.environ.get(ARCH_SWITCH) or "native"
+    if arch == "native":
+        return arch
+    if arch not in ARCH_LEVELS:
+        raise OSError(f"{ARCH_SWITCH}={arch!r} is not one of native, {', '.join(ARCH_LEVELS)}")
+    missing = sorted(set(ARCH_LEVELS[arch]) - (cpu_flags() if flags is None else flags))
+    if missing:
+        raise OSError(f"{ARCH_SWITCH}={arch}: this CPU lacks {' '.join(missing)}; name a lower level "
+                      "or unset it")
+    return arch
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo); empty where it cannot be read."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {f for ln in info.splitlines() if ln.startswith("flags") for f in ln.split(":", 1)[1].split()}
 
 
 def _torch_runs_libgomp() -> bool:
