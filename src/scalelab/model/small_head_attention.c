@@ -5,15 +5,16 @@
  * CPU flash-attention kernel, whose blocking is made for wide heads: ~475 us forward + backward
  * a layer at the bench's sweep point (7 x 3 heads x 64 x 4) on a 2-core AMX Xeon, for ~1 MFLOP.
  * With heads this narrow every product is a handful of multiply-adds per query-key pair, so the
- * loops here put 16 queries on the vector lanes instead: a score, a probability or a gradient
- * for one key is then one vector op for 16 queries, with no horizontal sums in the forward.
+ * loops here put L queries (16 with AVX-512, else 8) on the vector lanes instead: a score, a
+ * probability or a gradient for one key is then one vector op for L queries, with no horizontal
+ * sums in the forward.
  *
- * Forward, per (batch, head) and block of 16 queries: scores against every key the block sees
+ * Forward, per (batch, head) and block of L queries: scores against every key the block sees
  * (four keys at a time, for independent dependency chains), the running max, then exp, the
  * sums and p v in a second pass. It saves the log-sum-exp per query (as flash attention does),
  * not the probabilities. Backward, per (batch, K/V head): for each block of queries, p is
  * recomputed from the log-sum-exp, ds = p (dp - rowsum(dy * y)); dq accumulates in registers,
- * dk and dv per key as 16-lane vectors that are summed over the lanes once at the end.
+ * dk and dv per key as L-lane vectors that are summed over the lanes once at the end.
  *
  * Masks: causal (query i sees keys 0..i, top-left aligned as SDPA's is_causal) and/or an
  * additive float mask read through its strides (0 strides broadcast). A query that sees no key
@@ -31,7 +32,16 @@
 
 #define MAX_HD 16
 #define MAX_T 256
-#define L 16 /* queries per block: one 512-bit vector of floats */
+/* queries per block: one vector of floats, 512-bit where the CPU has AVX-512, else 256-bit. With
+ * 16 lanes in two of AVX2's 16 registers (AVX-512 has 32), the x86-64-v3 build ran 0.68-0.91x
+ * torch's SDPA (also at AVX2) on the bench's shapes, with 8 lanes 0.75-1.00x (a 2-core Xeon,
+ * SCALELAB_KERNEL_ARCH=x86-64-v3 ATEN_CPU_CAPABILITY=avx2 python -m benchmarks.small_heads);
+ * where it is no faster, the model's timed choice takes SDPA. */
+#if defined(__AVX512F__)
+#define L 16
+#else
+#define L 8
+#endif
 #define INLINE static inline __attribute__((always_inline))
 #define LANES _Pragma("omp simd") for (int l = 0; l < L; l++)
 
@@ -219,24 +229,36 @@ int sha_forward(const float *q, const float *k, const float *v, const float *mas
     return 0;
 }
 
-/* out[r] = the sum over the lanes of x[r], for rows a multiple of L: sixteen rows at a time in
- * four rounds of pairwise shuffles and adds (a sum per row would take L - 1 dependent adds) */
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+/* out[r] = the sum over the lanes of x[r], for rows a multiple of L: L rows at a time in
+ * log2(L) rounds of pairwise shuffles and adds (a sum per row would take L - 1 dependent adds).
+ * Round w sums lanes in groups of 2w: lane i of PAIRS(a, b, lo, w) holds a group of a or of b. */
+typedef float vf __attribute__((vector_size(4 * L)));
+typedef int32_t vi __attribute__((vector_size(4 * L)));
 #define PAIRS(a, b, lo, w) (__builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, lo + w))
 
 static void sum_lanes(const float (*x)[L], int64_t rows, float *out) {
-    const v16i lo1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
-    const v16i lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
-    const v16i lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
-    const v16i lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+#if L == 16
+    const vi lo1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+    const vi lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+    const vi lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+    const vi lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+#else
+    const vi lo1 = {0, 8, 2, 10, 4, 12, 6, 14};
+    const vi lo2 = {0, 1, 8, 9, 4, 5, 12, 13};
+    const vi lo4 = {0, 1, 2, 3, 8, 9, 10, 11};
+#endif
     for (int64_t r = 0; r < rows; r += L) {
-        v16f v[L], w2[L / 2], w4[L / 4], w8[L / 8];
+        vf v[L], w2[L / 2], w4[L / 4];
         memcpy(v, x + r, sizeof v);
         for (int i = 0; i < L / 2; i++) w2[i] = PAIRS(v[2 * i], v[2 * i + 1], lo1, 1);
         for (int i = 0; i < L / 4; i++) w4[i] = PAIRS(w2[2 * i], w2[2 * i + 1], lo2, 2);
+#if L == 16
+        vf w8[L / 8];
         for (int i = 0; i < L / 8; i++) w8[i] = PAIRS(w4[2 * i], w4[2 * i + 1], lo4, 4);
-        const v16f sums = PAIRS(w8[0], w8[1], lo8, 8);
+        const vf sums = PAIRS(w8[0], w8[1], lo8, 8);
+#else
+        const vf sums = PAIRS(w4[0], w4[1], lo4, 4);
+#endif
         memcpy(out + r, &sums, sizeof sums);
     }
 }
