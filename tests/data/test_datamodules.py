@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from scalelab.data import (
     CausalLMDataModule,
@@ -67,8 +68,27 @@ def test_resume_continues_exactly(shakespeare_char, cls):
 def test_workers_keep_the_order(shakespeare_char):
     a = _take(CausalLMDataModule(shakespeare_char, 16, 4, seed=5), 4)
     dm = CausalLMDataModule(shakespeare_char, 16, 4, seed=5, num_workers=2)
+    assert isinstance(dm.train_dataloader(), DataLoader)
     b = list(zip(range(4), dm.train_dataloader(), strict=False))
     assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, (_, y) in zip(a, b, strict=True))
+
+
+def test_without_workers_the_stream_is_iterated_itself(shakespeare_char):
+    """No DataLoader between Lightning and the stream where it would only pass batches on."""
+    assert not isinstance(CausalLMDataModule(shakespeare_char, 16, 4).train_dataloader(), DataLoader)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_run_of_causal_batches_is_what_one_at_a_time_makes(shakespeare_char, rank):
+    """The causal maker gathers a run's windows at once: the tensors of ``maker(b)``, per rank."""
+    from scalelab.data.datamodules import _CausalMaker
+
+    windows = CausalLMDataModule(shakespeare_char, 16, 4)._train_maker(0).w
+    maker = _CausalMaker(windows, 4, seed=3, rank=rank, world=2)
+    bs = list(range(5, 70))
+    for got, b in zip(maker.many(bs), bs, strict=True):
+        want = maker(b)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_ranks_get_different_deterministic_data(shakespeare_char):
