@@ -5,8 +5,9 @@ Why: a CPU sweep point (head_dim 4 or 8, 64 positions, 1 thread a run) spends ab
 its step in torch's CPU flash-attention kernel, made for wide heads. scalelab's C kernel puts
 16 queries on the vector lanes and runs forward + backward 1.3-1.8x faster than it at head_dim
 4, 1.15-1.4x at 8, with 1 or 2 threads, on a 2-core AMX Xeon (docs/performance.md, "a small-head
-attention kernel"); built for AVX2 (8 lanes) it ran 0.75-1.00x SDPA there. Where the kernel cannot be built, the batched-matmul path runs: on a 2-core AMD EPYC
-(Zen 4) it was ~1.5x faster than flash's backward, mostly thanks to one detail: a bmm whose
+attention kernel"); built for AVX2 (8 lanes, SCALELAB_KERNEL_ARCH=x86-64-v3) 1.5-1.7x at
+head_dim 4 and 1.0-1.1x at 8 on the same host. Where the kernel cannot be built, the
+batched-matmul path runs: on a 2-core AMD EPYC (Zen 4) it was ~1.5x faster than flash's backward, mostly thanks to one detail: a bmm whose
 output has head_dim columns runs ~4x slower than its transpose, so every product that ends in
 head_dim columns (p v forward; dv, dq, dk backward) is computed transposed, (v^T p^T)^T, and
 handed on as a strided view.
