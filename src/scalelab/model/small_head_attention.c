@@ -34,7 +34,7 @@
 #define MAX_T 256
 /* queries per block: one vector of floats, 512-bit where the CPU has AVX-512, else 256-bit. With
  * 16 lanes in two of AVX2's 16 registers (AVX-512 has 32), the x86-64-v3 build's forward +
- * backward took 218-840 us at three sweep-point shapes, with 8 lanes 194-695 us (1.12-1.21x;
+ * backward took 215-866 us at three sweep-point shapes, with 8 lanes 190-703 us (1.1-1.2x;
  * a 2-core Xeon, raw calls, 1 thread). */
 #if defined(__AVX512F__)
 #define L 16
