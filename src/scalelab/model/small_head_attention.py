@@ -7,10 +7,10 @@ its step in torch's CPU flash-attention kernel, made for wide heads. scalelab's 
 4, 1.15-1.4x at 8, with 1 or 2 threads, on a 2-core AMX Xeon (docs/performance.md, "a small-head
 attention kernel"); built for AVX2 (8 lanes, SCALELAB_KERNEL_ARCH=x86-64-v3) 1.5-1.7x at
 head_dim 4 and 1.0-1.1x at 8 on the same host. Where the kernel cannot be built, the
-batched-matmul path runs: on a 2-core AMD EPYC (Zen 4) it was ~1.5x faster than flash's backward, mostly thanks to one detail: a bmm whose
-output has head_dim columns runs ~4x slower than its transpose, so every product that ends in
-head_dim columns (p v forward; dv, dq, dk backward) is computed transposed, (v^T p^T)^T, and
-handed on as a strided view.
+batched-matmul path runs: on a 2-core AMD EPYC (Zen 4) it was ~1.5x faster than flash's
+backward, mostly thanks to one detail: a bmm whose output has head_dim columns runs ~4x slower
+than its transpose, so every product that ends in head_dim columns (p v forward; dv, dq, dk
+backward) is computed transposed, (v^T p^T)^T, and handed on as a strided view.
 
 Whether either pays depends on the CPU: the batched-matmul path made a sweep point's step
 1.04-1.09x faster on that EPYC and 1.21x slower on the Xeon. So it is never assumed: where a
