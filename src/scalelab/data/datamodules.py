@@ -232,12 +232,11 @@ class _CausalMaker:
         return starts[self.rank * self.bs : (self.rank + 1) * self.bs]
 
     def __call__(self, b: int) -> Batch:
-        x = self.w.take(self._starts(b))
-        return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
+        return self.many([b])[0]
 
     def many(self, bs: Sequence[int]) -> list[Batch]:
-        """Batches ``bs`` as ``self(b)`` makes each, with one gather for all of their windows:
-        a sweep point's batch 33 -> 22 us back to back."""
+        """Batches ``bs``, with one gather for all of their windows: a sweep point's batch 33 ->
+        22 us back to back against a gather each."""
         x = self.w.take(np.concatenate([self._starts(b) for b in bs])).view(len(bs), self.bs, -1)
         return [{"input_ids": xb[:, :-1], "labels": xb[:, 1:]} for xb in x]
 

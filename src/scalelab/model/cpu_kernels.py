@@ -129,11 +129,16 @@ def target_arch(flags: set[str] | None = None) -> str:
         return arch
     if arch not in ARCH_LEVELS:
         raise OSError(f"{ARCH_SWITCH}={arch!r} is not one of native, {', '.join(ARCH_LEVELS)}")
-    missing = sorted(set(ARCH_LEVELS[arch]) - (cpu_flags() if flags is None else flags))
-    if missing:
+    if missing := missing_flags(arch, flags):
         raise OSError(f"{ARCH_SWITCH}={arch}: this CPU lacks {' '.join(missing)}; name a lower level "
                       "or unset it")
     return arch
+
+
+def missing_flags(arch: str, flags: set[str] | None = None) -> list[str]:
+    """The flags level ``arch`` of ``ARCH_LEVELS`` needs that a CPU with ``flags`` (this one's by
+    default) lacks, sorted: none where it can run that level's code."""
+    return sorted(set(ARCH_LEVELS[arch]) - (cpu_flags() if flags is None else flags))
 
 
 def cpu_flags() -> set[str]:
