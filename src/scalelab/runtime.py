@@ -185,34 +185,31 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
-def _cpu_has_any(names: tuple[str, ...], cpuinfo: str | None) -> bool:
+def native_bf16_flag(cpuinfo: str | None = None) -> str | None:
+    """The flag that makes this CPU's bf16 native (``amx_bf16`` before ``avx512_bf16``), or None."""
     flags = cpu_flags(cpuinfo)
     if flags:
-        return any(f in flags for f in names)
+        return next((f for f in reversed(_BF16_FLAGS) if f in flags), None)
     try:  # no /proc/cpuinfo: ask torch (AMX shows up in its capability string)
         import torch
 
-        return "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper()
+        return "amx_bf16" if "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper() else None
     except Exception:
-        return False
+        return None
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 in its flags)."""
-    return _cpu_has_any(_BF16_FLAGS, cpuinfo)
+    return native_bf16_flag(cpuinfo) is not None
 
 
-def cpu_has_amx_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether the CPU has AMX tiles for bf16 (``amx_bf16``), where bf16 GEMMs ran 4-8x fp32's."""
-    return _cpu_has_any(("amx_bf16",), cpuinfo)
-
-
-# trainer.precision=auto takes bf16 autocast on a CPU only with AMX and from this width up. On a
-# 2-core AMX Xeon (twenty-ninth session, docs/performance.md "bf16 on CPU"), a training step in
-# bf16 against fp32: d_model 128 models 1.30-1.58x faster (192: 1.64x, 256: 1.87x); d_model 96
-# 1.26x and 64 1.14x at the default experiment's batch, the d_model 64 encoder-decoder 0.93x and
-# a sweep point's d_model 12 0.72x, where casts outweigh the faster GEMMs. Without AMX
-# (AVX512-BF16 alone) bf16 measured 1.06x before attention ran in fp32, and has not been since.
+# trainer.precision=auto takes bf16 autocast on a CPU with native bf16 from this width up, where
+# bf16's step was >= 1.3x fp32's on both kinds measured (docs/performance.md, bf16 on CPU).
+# bf16 against fp32, plain-loop step, shakespeare_char shape by d_model (heads of 32):
+#   2-core AMX Xeon (twenty-ninth session): 128: 1.30-1.58x, 192: 1.64x, 96: 1.26x, 64: 1.14x;
+#   2-core AMD EPYC Zen 4, AVX512-BF16 without AMX (thirty-fifth): 128: 1.72x, 192: 2.05x,
+#   96: 1.50x, 64: 1.23x, 32: 0.91x.
+# Below it casts outweigh the faster GEMMs: a sweep point's d_model 12 ran 0.72x and 0.64x.
 AUTO_BF16_MIN_D_MODEL = 128
 
 
@@ -221,11 +218,12 @@ def auto_precision(on_gpu: bool, d_model: int, gpu_bf16: bool = False,
     """What ``trainer.precision=auto`` runs, and why (one phrase for the start banner)."""
     if on_gpu:
         return ("bf16-mixed", "the GPU has bf16") if gpu_bf16 else ("32-true", "the GPU has no bf16")
-    if not cpu_has_amx_bf16(cpuinfo):
-        return "32-true", "this CPU has no AMX-BF16"
+    flag = native_bf16_flag(cpuinfo)
+    if flag is None:
+        return "32-true", "this CPU has no native bf16"
     if d_model < AUTO_BF16_MIN_D_MODEL:
         return "32-true", f"d_model {d_model} < {AUTO_BF16_MIN_D_MODEL}, where bf16 ran slower"
-    return "bf16-mixed", f"AMX-BF16 CPU, d_model {d_model} >= {AUTO_BF16_MIN_D_MODEL}"
+    return "bf16-mixed", f"native bf16 CPU ({flag}), d_model {d_model} >= {AUTO_BF16_MIN_D_MODEL}"
 
 
 def check_cpu_precision(precision: str, accelerator: str, has_cuda: bool,

@@ -140,14 +140,17 @@ def test_bf16_allowed_where_native_or_not_on_cpu() -> None:
     R.check_cpu_precision("32-true", "cpu", has_cuda=False, native_bf16=False)
 
 
-def test_auto_precision_takes_bf16_only_with_amx_and_a_wide_enough_model() -> None:
+def test_auto_precision_takes_bf16_on_a_native_bf16_cpu_for_a_wide_enough_model() -> None:
     wide = R.AUTO_BF16_MIN_D_MODEL
     assert R.auto_precision(False, wide, cpuinfo=CPUINFO_SPR) == (
-        "bf16-mixed", f"AMX-BF16 CPU, d_model {wide} >= {wide}")
-    precision, why = R.auto_precision(False, wide // 2, cpuinfo=CPUINFO_SPR)
-    assert precision == "32-true" and "ran slower" in why  # casts outweigh the GEMMs there
-    assert R.auto_precision(False, 4 * wide, cpuinfo=CPUINFO_ZEN4)[0] == "32-true"  # AVX512-BF16 alone
-    assert R.auto_precision(False, 4 * wide, cpuinfo=CPUINFO_ZEN3)[0] == "32-true"
+        "bf16-mixed", f"native bf16 CPU (amx_bf16), d_model {wide} >= {wide}")
+    assert R.auto_precision(False, wide, cpuinfo=CPUINFO_ZEN4) == (  # AVX512-BF16 without AMX
+        "bf16-mixed", f"native bf16 CPU (avx512_bf16), d_model {wide} >= {wide}")
+    for cpuinfo in (CPUINFO_SPR, CPUINFO_ZEN4):
+        precision, why = R.auto_precision(False, wide // 2, cpuinfo=cpuinfo)
+        assert precision == "32-true" and "ran slower" in why  # casts outweigh the GEMMs there
+    assert R.auto_precision(False, 4 * wide, cpuinfo=CPUINFO_ZEN3) == (
+        "32-true", "this CPU has no native bf16")
     assert R.auto_precision(True, 8, gpu_bf16=True)[0] == "bf16-mixed"
     assert R.auto_precision(True, 8, gpu_bf16=False)[0] == "32-true"
 

@@ -135,7 +135,7 @@ def test_each_point_logs_about_log_points_rows_never_more_often_than_the_base(tm
 
 
 def test_a_cpu_study_trains_every_point_in_one_precision(tmp_path):
-    """trainer.precision=auto (the CPU default) would take bf16 on an AMX CPU for the wide points
+    """trainer.precision=auto (the CPU default) would take bf16 on a native-bf16 CPU for the wide points
     only: every point of a CPU sweep gets fp32 instead; a precision the user chose is kept."""
     plan = _plan()
     for overrides, expected in (([*PRESET], "32-true"),

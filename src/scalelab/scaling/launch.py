@@ -232,7 +232,7 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
         d["train.init_from"] = str(branch_checkpoint(p, sweep_dir))
     d |= {f"tags.{k}": v for k, v in point_tags(p, settings).items()}
     if base.precision == "auto" and not uses_gpu(base.accelerator):
-        # auto takes bf16 on an AMX CPU only from d_model 128 up, so one study would train its
+        # auto takes bf16 on a native-bf16 CPU only from d_model 128 up, so one study would train its
         # points in two precisions; a study keeps one: fp32 (bf16 was slower at sweep widths)
         d["trainer.precision"] = "32-true"
     d |= dict(p.extra_overrides)
