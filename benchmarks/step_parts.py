@@ -9,7 +9,8 @@ bench's (default ``sweep_point``, where fixed per-step work is the largest share
 presets included; Hydra overrides go on top.
 
 ``--ab-fixes`` instead turns scalelab's per-step shortcuts (training/lightning_fixes.py,
-training/lean_optimization.py, training/lean_batch.py, ``LMModule.__setattr__`` and model/small_head_attention.py) off
+training/lean_optimization.py, training/lean_batch.py, ``LMModule.__setattr__``, model/small_head_attention.py
+and ``FlatAdamW``'s unwrapped step, ``optimizer_range``) off
 and on in blocks of ``--block`` steps (A B B A ...), in the same run, and prints the median step
 of each: the host's drift hits both alike, which separate runs on a shared machine cannot
 promise. ``--only NAME[,NAME...]`` switches those named alone (the names are in ``FIXES``); unless
@@ -127,7 +128,7 @@ def _report_syncs(args: argparse.Namespace, by_step: Counter, where: Counter, lo
 
 
 FIXES = ("callbacks", "setattr", "metrics", "module_hooks", "small_heads", "lean_optimization",
-         "batch_transfer", "batch_idx", "lean_batch")
+         "batch_transfer", "batch_idx", "lean_batch", "optimizer_range")
 
 
 def _fix_names(value: str) -> str:
@@ -151,6 +152,7 @@ def _fix_switch(which: str) -> Any:
     from torch import nn
 
     from scalelab.model import small_head_attention
+    from scalelab.training import flat_params
     from scalelab.training.lean_batch import lean_training_batch
     from scalelab.training.lean_optimization import lean_automatic_optimization
     from scalelab.training.lightning_fixes import (
@@ -174,6 +176,7 @@ def _fix_switch(which: str) -> Any:
     fast_signature = training_epoch_loop.is_param_in_hook_signature
     fast, fast_setattr, fast_end = call._call_callback_hooks, LMModule.__setattr__, _LoggerConnector.on_batch_end
     fast_module, fast_strategy = call._call_lightning_module_hook, call._call_strategy_hook
+    watched = flat_params.watched
     switched = set(FIXES) if which == "all" else set(which.split(","))
 
     def set_fixes(on: bool) -> None:
@@ -193,6 +196,8 @@ def _fix_switch(which: str) -> Any:
         if "batch_transfer" in switched:
             LightningModule._apply_batch_transfer_handler = (  # type: ignore[method-assign]
                 fast_transfer if on else fast_transfer.__wrapped__)
+        if "optimizer_range" in switched:  # off: FlatAdamW's step in torch's profiling wrapper
+            flat_params.watched = watched if on else (lambda optimizer: True)
         if "batch_idx" in switched:  # the training loop's signature test
             training_epoch_loop.is_param_in_hook_signature = fast_signature if on else fast_signature.__wrapped__
         # the lean batch calls the hooks and the step itself, past the others: the others

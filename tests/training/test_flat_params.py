@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from scalelab.data.datamodules import CausalLMDataModule
 from scalelab.model import ModelConfig, Transformer
@@ -65,6 +66,30 @@ def test_flat_adamw_trains_as_adamw_does(fused: bool) -> None:
     assert [len(g["params"]) for g in flat_opt.param_groups] == [1, 1]
     # the steps above took the direct fused-kernel path where the groups are fused
     assert flat_opt._fused_step() is fused
+
+
+def test_the_step_is_torchs_own_where_a_profiler_or_a_step_hook_would_see_it() -> None:
+    """Unwrapped with nothing watching (torch did not replace the class's step with its profiling
+    wrapper); under torch.profiler the step is its usual range, step hooks run, and the update
+    is the same either way."""
+    (plain, plain_opt), (flat, flat_opt) = _pair(True)
+    assert type(flat_opt).step is FlatAdamW.__dict__["step"]
+    calls: list[str] = []
+    pre = flat_opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+    post = register_optimizer_step_post_hook(  # every optimizer's: count FlatAdamW's
+        lambda opt, *a: calls.append("post") if opt is flat_opt else None)
+    try:
+        for seed in range(2):  # the second takes the direct fused kernel
+            assert _step(plain, plain_opt, seed) == pytest.approx(_step(flat, flat_opt, seed), rel=1e-5)
+    finally:
+        pre.remove()
+        post.remove()
+    assert calls == ["pre", "post"] * 2
+    with torch.profiler.profile() as prof:
+        assert _step(plain, plain_opt, 2) == pytest.approx(_step(flat, flat_opt, 2), rel=1e-5)
+    assert "Optimizer.step#FlatAdamW.step" in {e.name for e in prof.events()}
+    assert _step(plain, plain_opt, 3) == pytest.approx(_step(flat, flat_opt, 3), rel=1e-5)
+    _assert_same_weights(plain, flat)
 
 
 @pytest.mark.parametrize("max_norm", [0.05, 1e3])  # clipped, and left alone
