@@ -207,7 +207,7 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
 # bf16's step was >= 1.3x fp32's on both kinds measured (docs/performance.md, bf16 on CPU).
 # bf16 against fp32, plain-loop step, shakespeare_char shape by d_model (heads of 32):
 #   2-core AMX Xeon (twenty-ninth session): 128: 1.30-1.58x, 192: 1.64x, 96: 1.26x, 64: 1.14x;
-#   2-core AMD EPYC Zen 4, AVX512-BF16 without AMX (thirty-fifth): 128: 1.72x, 192: 2.05x,
+#   2-core AMD EPYC Zen 5, AVX512-BF16 without AMX (thirty-fifth): 128: 1.72x, 192: 2.05x,
 #   96: 1.50x, 64: 1.23x, 32: 0.91x.
 # Below it casts outweigh the faster GEMMs: a sweep point's d_model 12 ran 0.72x and 0.64x.
 AUTO_BF16_MIN_D_MODEL = 128

@@ -131,7 +131,7 @@ class FlatAdamW(torch.optim.AdamW):
 
         torch wraps every optimizer class's ``step`` in a ``record_function`` range and its step
         hooks. With no profiler running the range still enters and leaves torch's profiler ops:
-        ~40 us of a 1.5 ms sweep-point step inside a run (2 %, py-spy, 2-core Zen 4 EPYC). The
+        ~40 us of a 1.5 ms sweep-point step inside a run (2 %, py-spy, 2-core Zen 5 EPYC). The
         wrapped path runs when a profiler records or a step hook is registered."""
         return self._profiled_step(closure) if watched(self) else self._plain_step(closure)
 
