@@ -715,6 +715,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="--to-loss: the reference draws its own initial weights (default: the platform's)")
     ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")],
                     help="--to-loss: a seed a round, both sides (e.g. 1337,1,2 with --rounds 3)")
+    ap.add_argument("--loss-tolerance", type=float,
+                    help="--to-loss: how far above the reference's val loss counts as reached "
+                         "(default 0.005; 0: strictly at most)")
     ap.add_argument("--levers", action="store_true",
                     help="eager vs foreach AdamW vs torch.compile (vs bf16 where native), interleaved")
     ap.add_argument("--memory", action="store_true", help="activation-checkpointing memory (on in --full)")
@@ -800,10 +803,11 @@ def extra_modes(args: argparse.Namespace, presets: list[str], rounds: int, loop_
     if args.levers:
         out["levers"] = [levers.bench_levers(n, PRESETS[n], loop_steps) for n in presets]
     if args.to_loss:
+        tolerance = to_loss.LOSS_TOLERANCE if args.loss_tolerance is None else args.loss_tolerance
         with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
             res = [to_loss.bench_to_loss(n, PRESETS[n], rounds, Path(tmp), threads, extra,
                                            args.platform_override, own_init=args.ref_own_init,
-                                           seeds=args.seeds)
+                                           seeds=args.seeds, tolerance=tolerance)
                    for n in presets]
         print(to_loss.table(res))
         out["to_loss"], missed = res, to_loss.misses(res)

@@ -15,7 +15,16 @@ Per round, two processes, timed from their start (imports, data and compile incl
 Reported per preset: median wall of each, the median ratio platform/ref (target <= 0.8; a round
 that never reached the loss counts as infinite), the steps at which the platform stopped, and in
 how many rounds it reached the loss at all (it validates every ``train.val_every`` steps, so it
-can only stop on such a step or at the end). Also the median ``val gap`` (platform minus
+can only stop on such a step or at the end).
+
+"Reached" means a val loss at most the reference's plus ``--loss-tolerance`` (default
+:data:`LOSS_TOLERANCE`, 0.005). Both sides train one recipe from one start, so whatever separates
+their last losses is precision: bf16 against fp32 moved it by -0.0011..+0.0023 over six seeded
+rounds here, either way, a coin flip around the reference's. Strict "at most" (``--loss-tolerance
+0``) then passes a median of three rounds about half the time whatever the speed. 0.005 is half
+the issue's own bar for "the same loss" in bf16 (within 0.01) and below the reference's seed-to-
+seed spread (up to +-0.01, :func:`reference_model`). The rounds that reached strictly are
+reported beside it (``strict``). Also the median ``val gap`` (platform minus
 reference val loss, which decides "reached") and ``walls`` (platform wall / reference wall of each
 round, reached or not: the speed apart from the loss). Both sides start from the same weights and
 train the same recipe on the same batches, so in fp32 they end a whole run within 1e-6
@@ -27,6 +36,7 @@ precision, sampled over seeds with ``--seeds``.
     python -m benchmarks train --to-loss --platform-override optim.lr=2e-3   # a recipe change
     python -m benchmarks train --to-loss --ref-own-init   # the reference draws its own weights
     python -m benchmarks train --to-loss --rounds 3 --seeds 1337,1,2   # a seed a round
+    python -m benchmarks train --to-loss --loss-tolerance 0   # strictly at most the reference's
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from typing import Any
 CHILD = "--_ref-child"
 OWN_INIT = "--own-init"
 TARGET = 0.8  # platform wall / reference wall, at most
+LOSS_TOLERANCE = 0.005  # "reached": val loss <= the reference's + this (the module docstring says why)
 
 
 def _val_loss(model: Any, dm: Any, objective: str) -> float:
@@ -143,41 +154,49 @@ def early_stop_override(threshold: float) -> str:
             "patience: 1000000, check_on_train_epoch_end: false}")
 
 
+def reached(val_loss: float | None, target: float) -> bool:
+    """At most ``target`` (the reference's loss plus the tolerance), equal counted as reached."""
+    return val_loss is not None and val_loss <= target + 1e-6
+
+
 def _round(name: str, overrides: list[str], workdir: Path, threads: int, extra: list[str],
-           platform_only: list[str], own_init: bool) -> dict[str, Any]:
-    """One reference run, then one platform run that stops at the reference's loss."""
+           platform_only: list[str], own_init: bool, tolerance: float) -> dict[str, Any]:
+    """One reference run, then one platform run that stops at the reference's loss (+ tolerance)."""
     from benchmarks.bench_train import run_platform
 
     ref = run_ref(name, threads, extra, own_init)
-    plat = run_platform([*overrides, *extra, *platform_only, early_stop_override(ref["val_loss"])],
+    target = ref["val_loss"] + tolerance
+    plat = run_platform([*overrides, *extra, *platform_only, early_stop_override(target)],
                         None, workdir, threads)
-    reached = plat["val_loss"] is not None and plat["val_loss"] <= ref["val_loss"] + 1e-6
-    return {"ref": ref, "platform": plat, "reached": reached,
-            "wall": plat["wall_s"] / ref["wall_s"] if reached else math.inf,
-            "cpu": plat["cpu_total_s"] / ref["cpu_total_s"] if reached else math.inf}
+    ok = reached(plat["val_loss"], target)
+    return {"ref": ref, "platform": plat, "reached": ok,
+            "strict": reached(plat["val_loss"], ref["val_loss"]),
+            "wall": plat["wall_s"] / ref["wall_s"] if ok else math.inf,
+            "cpu": plat["cpu_total_s"] / ref["cpu_total_s"] if ok else math.inf}
 
 
 def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, threads: int,
                   extra: list[str] | None = None, platform_only: list[str] | None = None,
-                  log: Any = print, own_init: bool = False,
-                  seeds: list[int] | None = None) -> dict[str, Any]:
+                  log: Any = print, own_init: bool = False, seeds: list[int] | None = None,
+                  tolerance: float = LOSS_TOLERANCE) -> dict[str, Any]:
     """``extra``: overrides for both sides (e.g. a shorter run); ``platform_only``: a recipe
     change tried on the platform alone (reported as such, never silently); ``own_init``: the
     reference draws its own initial weights instead of starting from the platform's; ``seeds``:
-    round r runs both sides at ``seed=seeds[r % len(seeds)]``. A round that does not reach the
-    loss counts as an infinite ratio, so the median ratio passes only when most rounds reach
-    the loss in time."""
+    round r runs both sides at ``seed=seeds[r % len(seeds)]``; ``tolerance``: how far above the
+    reference's loss still counts as reaching it. A round that does not reach the loss counts as
+    an infinite ratio, so the median ratio passes only when most rounds reach the loss in time."""
     done = []
     for r in range(rounds):  # A B A B: a change of load hits both sides alike
         seed = seeds[r % len(seeds)] if seeds else None
         both = [*(extra or []), *([f"seed={seed}"] if seed is not None else [])]
-        one = _round(name, overrides, workdir, threads, both, platform_only or [], own_init)
+        one = _round(name, overrides, workdir, threads, both, platform_only or [], own_init, tolerance)
         done.append({**one, "seed": seed})
         ref, plat = one["ref"], one["platform"]
         log(f"  to-loss {name} round {r + 1}/{rounds}{'' if seed is None else f' seed {seed}'}: ref "
             f"{ref['steps']} steps val {ref['val_loss']:.4f} in {ref['wall_s']:.1f} s (training "
             f"{ref['train_s']:.1f} s); platform val {plat['val_loss']:.4f} at step {plat['steps']} "
-            f"in {plat['wall_s']:.1f} s ({'reached' if one['reached'] else 'NOT reached'}); "
+            f"in {plat['wall_s']:.1f} s ({'reached' if one['reached'] else 'NOT reached'}"
+            f"{', strictly' if one['strict'] else ''}); "
             f"ratio {one['wall']:.2f} wall, {one['cpu']:.2f} CPU seconds; load {os.getloadavg()[0]:.1f}")
     refs, plats = [d["ref"] for d in done], [d["platform"] for d in done]
     pairs = list(zip(plats, refs, strict=True))
@@ -191,12 +210,14 @@ def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, t
             # CPU seconds of each whole process (1 thread each on a busy machine): robust to load
             "platform_cpu/ref_cpu": statistics.median(d["cpu"] for d in done),
             "reached": sum(d["reached"] for d in done), "rounds": len(done),
+            "strict": sum(d["strict"] for d in done), "loss_tolerance": tolerance,
             # what decides "reached", and the speed apart from it (each round, stopped or not)
             "val_gap": statistics.median(x["val_loss"] - r["val_loss"] for x, r in pairs),
             "walls": statistics.median(x["wall_s"] / r["wall_s"] for x, r in pairs),
             "per_round": [{"seed": d["seed"], "ref_val_loss": d["ref"]["val_loss"],
                            "platform_val_loss": d["platform"]["val_loss"], "ref_wall_s": d["ref"]["wall_s"],
-                           "platform_wall_s": d["platform"]["wall_s"], "wall_ratio": d["wall"]} for d in done],
+                           "platform_wall_s": d["platform"]["wall_s"], "wall_ratio": d["wall"],
+                           "reached": d["reached"], "strict": d["strict"]} for d in done],
             "extra_overrides": extra or [], "platform_only_overrides": platform_only or [],
             "ref_init": "own" if own_init else "platform's"}
 
@@ -206,19 +227,21 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{'plat wall':>10}{'val gap':>9}{'walls':>7}{'reached':>9}{'wall 3/1':>10}{'cpu 3/1':>9}")
     rows = [head, "-" * len(head)]
     for r in results:
-        reached = f"{r.get('reached', '?')}/{r.get('rounds', '?')}"
+        got = f"{r.get('reached', '?')}/{r.get('rounds', '?')}"
+        strict = f"{r.get('strict', '?')}/{r.get('rounds', '?')}"
         rows.append(f"{r['preset']:<17}{r['ref_steps']:>10}{r['ref_val_loss']:>9.4f}"
                     f"{r['ref_wall_s']:>9.1f}s{statistics.median(r['platform_steps']):>12.0f}"
                     f"{r['platform_wall_s']:>9.1f}s{r.get('val_gap', math.nan):>+9.4f}"
-                    f"{r.get('walls', math.nan):>7.2f}{reached:>9}"
+                    f"{r.get('walls', math.nan):>7.2f}{got:>9}{strict:>8}"
                     f"{r['platform_wall/ref_wall']:>10.2f}"
                     f"{r.get('platform_cpu/ref_cpu', math.nan):>9.2f}")
     return "\n".join(rows)
 
 
 def misses(results: list[dict[str, Any]]) -> list[str]:
-    return [f"{r['preset']}: time to the reference's val loss {r['platform_wall/ref_wall']:.2f}x "
-            f"the reference's wall > {TARGET}" for r in results if r["platform_wall/ref_wall"] > TARGET]
+    return [f"{r['preset']}: time to the reference's val loss (+{r.get('loss_tolerance', 0):g}) "
+            f"{r['platform_wall/ref_wall']:.2f}x the reference's wall > {TARGET}"
+            for r in results if r["platform_wall/ref_wall"] > TARGET]
 
 
 if __name__ == "__main__":
