@@ -79,9 +79,43 @@ def busy_cores_of_others(before: str, after: str, cpus: set[int], own_cpu_s: flo
     return max(0.0, (busy_s - own_cpu_s) / max(elapsed_s, 1e-6))
 
 
-def _own_cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
-    return ru.ru_utime + ru.ru_stime
+def _children_cpu_s(tick_hz: float) -> float:
+    """CPU seconds of this process's live children (DataLoader workers): ours, not other work."""
+    total = 0.0
+    for kids in Path("/proc/self/task").glob("*/children"):
+        for pid in kids.read_text().split():
+            try:  # fields after the ")" of the name: utime and stime are the 12th and 13th
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick_hz
+            except (OSError, IndexError, ValueError):  # it ended between the two reads
+                continue
+    return total
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of every thread of this process and of its live children."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime + _children_cpu_s(os.sysconf("SC_CLK_TCK"))
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """One reading of the machine's CPU counters and our own, to difference with a later one."""
+    stat: str  # /proc/stat
+    own_cpu_s: float
+    at: float  # time.monotonic()
+
+
+def cpu_sample() -> CpuSample:
+    """Raises OSError where there is no /proc/stat (macOS)."""
+    return CpuSample(Path("/proc/stat").read_text(), own_cpu_s(), time.monotonic())
+
+
+def other_load_between(before: CpuSample, after: CpuSample) -> float:
+    """Cores other processes kept busy between two samples, on the CPUs we may run on."""
+    return busy_cores_of_others(before.stat, after.stat, set(os.sched_getaffinity(0)),
+                                after.own_cpu_s - before.own_cpu_s, after.at - before.at,
+                                os.sysconf("SC_CLK_TCK"))
 
 
 @functools.cache
@@ -92,12 +126,9 @@ def measured_other_load(window_s: float = LOAD_WINDOW_S) -> float:
     where there is no /proc/stat (macOS), the 1-minute load average.
     """
     try:
-        cpus = set(os.sched_getaffinity(0))
-        before, own0, t0 = Path("/proc/stat").read_text(), _own_cpu_s(), time.monotonic()
+        before = cpu_sample()
         time.sleep(window_s)
-        after, own1, t1 = Path("/proc/stat").read_text(), _own_cpu_s(), time.monotonic()
-        return busy_cores_of_others(before, after, cpus, own1 - own0, t1 - t0,
-                                    os.sysconf("SC_CLK_TCK"))
+        return other_load_between(before, cpu_sample())
     except (AttributeError, OSError, ValueError):
         try:
             return max(0.0, os.getloadavg()[0])
@@ -142,6 +173,24 @@ def thread_plan(concurrent: int | None = None, cores: int | None = None,
         threads = max(1, min(threads, math.floor(max(free, 0.0) / k)))
         return ThreadPlan(threads, "PASSIVE", n, k, busy)
     return ThreadPlan(threads, None, n, k, busy)
+
+
+RAISE_MARGIN = 0.25  # busy cores: a neighbour near the line must not flip the count every look
+
+
+def threads_under_load(start_threads: int, others: float, current: int | None = None,
+                       cores: int | None = None, concurrent: int | None = None) -> int:
+    """Threads for the rest of a run that started with ``start_threads`` and runs ``current`` now,
+    while other processes keep ``others`` cores busy: :func:`thread_plan`'s rule, never above the
+    start, and back up only with :data:`RAISE_MARGIN` to spare. The wait policy stays as libgomp
+    read it at start; only the thread count can change in a running process."""
+    def rule(load: float) -> int:
+        return max(1, min(int(start_threads), thread_plan(concurrent, cores, load=load).threads))
+
+    want = rule(others)
+    if current is not None and want > current:
+        want = max(int(current), rule(others + RAISE_MARGIN))
+    return want
 
 
 def jobs_and_threads(n_jobs: int, cores: int | None = None) -> tuple[int, int]:

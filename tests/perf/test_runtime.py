@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -65,17 +66,47 @@ def test_busy_cores_come_from_the_cpus_we_may_use_minus_our_own_time() -> None:
                                   tick_hz=100) == 0.0  # never negative
 
 
-def test_a_busy_process_shows_in_the_measured_load() -> None:
+def test_a_busy_process_shows_in_the_measured_load(strangers_spinning) -> None:
     """The 1-minute load average still reads ~1 a minute after a busy process ends; the
     measured load must see it while it runs (this test's own CPU time is not counted)."""
+    with strangers_spinning(1):
+        seen = R.measured_other_load.__wrapped__(0.5)
+    assert seen >= 0.6, seen  # a whole core, give or take a loaded machine's sharing
+
+
+def test_our_own_children_count_as_our_cpu_time_not_as_other_load() -> None:
+    """A DataLoader worker is part of the run: its CPU time is the run's own, so it never makes
+    the run think the machine is busy."""
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        time.sleep(0.5)  # running, past its start-up
-        seen = R.measured_other_load.__wrapped__(0.5)
+        time.sleep(0.3)
+        before = R.cpu_sample()
+        time.sleep(1.0)
+        after = R.cpu_sample()
     finally:
         spin.kill()
         spin.wait(timeout=30)
-    assert seen >= 0.6, seen  # a whole core, give or take a loaded machine's sharing
+    assert after.own_cpu_s - before.own_cpu_s >= 0.4  # the child's share of a loaded machine
+    assert R.own_cpu_s() < after.own_cpu_s + 0.5  # a child that ended no longer counts live
+
+
+def test_threads_follow_the_load_by_the_start_rule_never_above_the_start() -> None:
+    """2 cores, a run that started with 2 threads: a neighbour using a core takes one away (it
+    reads as 0.7 busy while our 2 threads compete with it, 1.0 once we use 1), light background
+    work does not; the neighbour leaving gives it back, with a margin so that work near the
+    line (0.5 busy) keeps the count where it is."""
+    def under(others: float, start: int = 2, cores: int = 2, k: int = 1, now: int | None = None) -> int:
+        return R.threads_under_load(start, others, current=now, cores=cores, concurrent=k)
+
+    assert [under(x) for x in (0.0, 0.3, 0.7, 1.0, 2.0)] == [2, 2, 1, 1, 1]
+    assert [under(x, now=2) for x in (0.0, 0.5, 0.7)] == [2, 2, 1]
+    # back up once the neighbour has gone, but a neighbour near the line does not flip it
+    assert [under(x, now=1) for x in (0.0, 0.2, 0.4, 0.5, 1.0)] == [2, 2, 1, 1, 1]
+    assert under(0.0, start=1) == 1  # never above the start (it may have started busy)
+    assert under(0.0, start=8, cores=4) == 4  # nor above the cores
+    # a 2-job sweep on 8 cores, 4 threads each: the sibling's 4 busy cores are in the plan
+    assert under(4.0, start=4, cores=8, k=2) == 4
+    assert under(6.0, start=4, cores=8, k=2) == 3  # 2 cores taken: 6 free for the two
 
 
 def test_concurrency_comes_from_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,6 +243,19 @@ def test_a_run_splits_the_cores_between_its_ranks_and_the_sweep(
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert run_threads(_spec([]), idle_8) == 3
     assert run_threads(_spec(["train.num_threads=5"]), idle_8) == 5
+
+
+def test_threads_adapt_mid_run_only_where_scalelab_chose_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scalelab.cli.trainer_build import adapts_threads, scalelab_callbacks
+    from scalelab.training.threads import AdaptiveThreads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    spec = _spec([])
+    assert adapts_threads(spec)
+    assert any(isinstance(c, AdaptiveThreads) for c in scalelab_callbacks(spec, Path("unused"), {}, []))
+    assert not adapts_threads(_spec(["train.num_threads=2"]))  # fixed by hand
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # torchrun's convention, and ours for DDP ranks
+    assert not adapts_threads(_spec([]))
 
 
 def test_startup_gc_pause_freezes_what_startup_built_and_a_job_end_releases_it() -> None:

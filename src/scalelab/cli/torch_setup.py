@@ -65,15 +65,20 @@ def check_precision(spec: RunSpec) -> None:
     check_cpu_precision(str(spec.trainer.precision), accelerator, has_cuda)
 
 
+def fixed_threads(spec: RunSpec) -> int | None:
+    """The thread count set by hand (``train.num_threads``, else ``OMP_NUM_THREADS``), or None."""
+    threads = spec.train.num_threads or os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(threads) if str(threads).isdigit() and int(threads) > 0 else None
+
+
 def run_threads(spec: RunSpec, plan: Callable[..., Any]) -> int:
     """Torch threads of one process of this run: ``train.num_threads``, else ``OMP_NUM_THREADS``
     (torchrun's and Lightning's convention), else the cores // every process sharing them: a
     parallel sweep's points (SCALELAB_CONCURRENT_PROCS) x this run's ranks on the node; fewer
     on a busy machine. With several ranks here the choice is exported as ``OMP_NUM_THREADS``,
     so Lightning's DDP launcher keeps it and the ranks it starts take the same."""
-    threads = spec.train.num_threads or os.environ.get("OMP_NUM_THREADS", "").strip()
-    if str(threads).isdigit() and int(threads) > 0:
-        return int(threads)
+    if (fixed := fixed_threads(spec)) is not None:
+        return fixed
     ranks_here = max(1, spec.world_size // max(1, int(spec.trainer.num_nodes)))
     chosen = int(plan(concurrent=concurrent_processes() * ranks_here).threads)
     if ranks_here > 1:
