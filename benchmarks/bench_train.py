@@ -666,6 +666,12 @@ def misses(results: list[dict[str, Any]], threads: dict[str, Any] | None,
             out.append(f"threads idle: auto/best {threads['idle']['auto/best']:.2f} < 0.95")
         if threads["loaded"]["auto/best"] < 0.5:
             out.append(f"threads loaded: auto/best {threads['loaded']['auto/best']:.2f} < 0.5 (collapse)")
+        arriving = threads.get("arriving")
+        if arriving:
+            from benchmarks.arriving_load import TARGET
+
+            if arriving["auto/best"] < TARGET:
+                out.append(f"threads, a job arriving mid-run: auto/best {arriving['auto/best']:.2f} < {TARGET}")
     return out
 
 
@@ -760,6 +766,15 @@ def main(argv: list[str] | None = None) -> int:
                                             log=lambda s: print(s, flush=True)))
             torch.set_num_threads(plan.threads)
     threads = bench_threads(rounds, 40) if (args.threads or args.full) and not args.gpu else None
+    if threads is not None:  # and a job that arrives after the run has planned its threads
+        from benchmarks.arriving_load import bench_arriving_load
+
+        threads["arriving"] = bench_arriving_load("shakespeare_char", 1200, min(rounds, 2), 6.0,
+                                                  log=lambda s: print(s, flush=True))
+        a = threads["arriving"]
+        print(f"  threads, a busy job arriving {a['arrive_s']:g} s in: "
+              + ", ".join(f"{k} {v:.1f} s" for k, v in a["wall_s"].items())
+              + f"; auto/best {a['auto/best']:.2f}", flush=True)
     memory = bench_memory() if args.full or args.memory else None
     if results:
         print(table(results))

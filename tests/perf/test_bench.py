@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -413,3 +414,21 @@ def test_the_reference_trains_on_the_batches_a_run_trains_on_across_epochs() -> 
     assert len(run.seen) == len(ref) == steps
     assert all(torch.equal(a, b) for a, b in zip(run.seen, ref, strict=True))
     assert not torch.equal(ref[3], ref[0])  # the second epoch goes on, not back to batch 0
+
+
+def test_the_arriving_job_comes_mid_run_and_can_leave_again(tmp_path: Path) -> None:
+    """benchmarks/arriving_load.py: the busy job starts while the run is going (the run would
+    fail the bench if it ended first), a job with a stay ends by itself, and the bench's verdict
+    reaches the training bench's misses."""
+    from benchmarks.arriving_load import TARGET, busy_job, timed_run
+    from benchmarks.bench_train import PRESETS
+
+    t0 = time.monotonic()
+    subprocess.run(busy_job(0.3), check=True, timeout=60)
+    assert time.monotonic() - t0 < 30
+    got = timed_run([*PRESETS["sweep_point"], "train.max_steps=300"], tmp_path, arrive_s=1.0, stay_s=1.0)
+    assert got["wall_s"] > 1.0 and got["tokens_per_s"] > 0
+    assert all(" -> " in c for c in got["changes"])  # "2 -> 1" lines from the run's log, if any
+    ok = {"idle": {"auto/best": 1.0}, "loaded": {"auto/best": 1.0}}
+    assert misses([], {**ok, "arriving": {"auto/best": TARGET + 0.05}}) == []
+    assert "arriving mid-run" in misses([], {**ok, "arriving": {"auto/best": TARGET - 0.2}})[0]
