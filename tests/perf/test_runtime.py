@@ -258,6 +258,22 @@ def test_threads_adapt_mid_run_only_where_scalelab_chose_them(monkeypatch: pytes
     assert not adapts_threads(_spec([]))
 
 
+def test_the_banner_says_whether_the_threads_follow_the_load() -> None:
+    import torch
+
+    from scalelab.cli.banner import threads_line
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert "2 torch threads, fewer while other processes need the cores," in threads_line(True)
+        assert "2 torch threads, OMP_WAIT_POLICY" in threads_line(False)  # fixed by hand
+        torch.set_num_threads(1)
+        assert "1 torch threads, OMP_WAIT_POLICY" in threads_line(True)  # none to give up
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_startup_gc_pause_freezes_what_startup_built_and_a_job_end_releases_it() -> None:
     """scalelab-train's entry point: no cyclic collection during imports, the start-up heap
     out of the collector's reach while training, and collectable again when the job ends."""

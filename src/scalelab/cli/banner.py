@@ -31,6 +31,8 @@ def ui_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | No
 
 def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec: Any,
                 data: DataBundle, resumed_from: Path | None) -> list[str]:
+    from scalelab.cli.trainer_build import adapts_threads
+
     n = model_cfg.n_params()
     fpt = model_cfg.flops_per_token(training=True, attention=True, seq_len=spec.block_size)
     tokens = spec.max_steps * spec.batch.tokens_per_step
@@ -50,7 +52,7 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"tokens planned: {tokens:,} ({spec.max_steps:,} steps x {spec.batch.tokens_per_step:,} "
         f"tokens, {tokens * fpt:.3g} FLOPs)",
         f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data.vocab_size:,}",
-        f"threads       : {threads_line()}",
+        f"threads       : {threads_line(follows_load=adapts_threads(spec))}",
         f"precision     : {spec.trainer.precision}"
         + (f" (auto: {spec.precision_auto})" if spec.precision_auto else ""),
     ]
@@ -70,14 +72,15 @@ def vocab_alignment_hint(vocab_size: int, on_gpu: bool) -> str | None:
             f"rows no token uses) runs the output layer faster on a GPU (docs/performance.md)")
 
 
-def threads_line() -> str:
+def threads_line(follows_load: bool = False) -> str:
     """What the thread rule chose (scalelab.runtime) and what it saw, so a slow run explains itself."""
     import torch
 
     from scalelab.runtime import available_cores, measured_other_load
 
     policy = os.environ.get("OMP_WAIT_POLICY", "default")
-    return (f"{torch.get_num_threads()} torch threads, OMP_WAIT_POLICY={policy} "
+    follows = ", fewer while other processes need the cores" if follows_load and torch.get_num_threads() > 1 else ""
+    return (f"{torch.get_num_threads()} torch threads{follows}, OMP_WAIT_POLICY={policy} "
             f"({available_cores()} cores, other processes busy on {measured_other_load():.1f})")
 
 
