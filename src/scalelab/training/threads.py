@@ -6,8 +6,10 @@ mid-run cut a 2-thread run about 3x (fp32 28.5k to 8.4-10k tokens/s, bf16 57k to
 each OpenMP region waits for the thread that was descheduled. :class:`AdaptiveThreads` measures
 other processes' CPU use every ``every_s`` seconds of training and sets the thread count by the
 start's rule, back up to the start's count when the cores are free again. A 1200-step
-shakespeare_char run with such a job arriving 6 s in took 34.0 s this way, 78.2 s with its two
-threads held, 32.3 s with one thread from the start (``python -m benchmarks.arriving_load``).
+shakespeare_char run with such a job arriving 6 s in took 33.4 s this way, 82.2 s with its two
+threads held, 34.7 s with one thread from the start (medians of 2, ``python -m
+benchmarks.arriving_load --rounds 2``); looking every 2 s instead of 1, 35.6 s. A look costs
+~0.1 ms.
 
 Off where the threads were fixed by hand (``train.num_threads``, ``OMP_NUM_THREADS``), on GPUs,
 and where the run started with one thread. A thread count that changes can move a run's
@@ -36,7 +38,7 @@ class AdaptiveThreads(pl.Callback):
     ``cpu_threads`` at its step (straight away: ``self.log`` would keep only the changes that fall
     on a logging step) and into ``changes`` as (step, threads, other processes' busy cores)."""
 
-    def __init__(self, every_s: float = 2.0):
+    def __init__(self, every_s: float = 1.0):
         super().__init__()
         if every_s <= 0:
             raise ValueError(f"AdaptiveThreads every_s={every_s!r}: must be > 0")
