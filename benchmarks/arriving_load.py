@@ -16,6 +16,7 @@ loaded-from-the-start cases are ``python -m benchmarks train --threads``.
 
     python -m benchmarks.arriving_load [--preset shakespeare_char] [--steps 1200] [--rounds 2]
     python -m benchmarks.arriving_load --stay 10   # the job leaves again: threads come back
+    python -m benchmarks.arriving_load --arrive 0 --stay 10   # busy at start, then the cores free up
 """
 
 from __future__ import annotations

@@ -12,9 +12,12 @@ The rule (measured on a 2-core EPYC, shakespeare_char shape, plain loop; docs/pe
   ``ACTIVE`` on an idle machine (38.9 vs 38.8 ms/step with 2 threads) while ``PASSIVE`` made
   2 threads as slow as 1 (64.4 ms/step);
 - when the machine is already busy (other processes' CPU use, measured over 0.1 s, leaves
-  fewer free cores than we would use) threads drop to the free cores (>= 1) and the policy
-  becomes ``PASSIVE``: threads that spin while their partner is descheduled made a step 2.8x
-  slower (195 vs 68-73 ms) with one competing busy process.
+  fewer free cores than we would use) threads drop to the free cores (>= 1) and, where that
+  still leaves a team of threads, the policy becomes ``PASSIVE``: threads that spin while their
+  partner is descheduled made a step 2.8x slower (195 vs 68-73 ms) with one competing busy
+  process;
+- during a run the count follows the load (:func:`threads_under_load`,
+  ``training/threads.py``).
 
 "Busy" is measured now, not read from the 1-minute load average: that average still showed
 0.6-1.3 a minute after our own previous run had ended, so a second run started on an idle
@@ -171,21 +174,33 @@ def thread_plan(concurrent: int | None = None, cores: int | None = None,
     free = n - max(0.0, busy - (k - 1) * threads)
     if threads * k > free + 0.5:  # oversubscribed: never spin, use only what is free
         threads = max(1, min(threads, math.floor(max(free, 0.0) / k)))
-        return ThreadPlan(threads, "PASSIVE", n, k, busy)
+        # One thread has no team to wait on, so PASSIVE would change nothing now; libgomp's
+        # default lets the run spin at full speed if it takes threads back mid-run once the
+        # other work leaves (training/threads.py: the policy cannot change after start).
+        return ThreadPlan(threads, "PASSIVE" if threads > 1 else None, n, k, busy)
     return ThreadPlan(threads, None, n, k, busy)
 
 
 RAISE_MARGIN = 0.25  # busy cores: a neighbour near the line must not flip the count every look
 
 
-def threads_under_load(start_threads: int, others: float, current: int | None = None,
+def thread_ceiling(start_threads: int, cores: int | None = None, concurrent: int | None = None) -> int:
+    """The most threads a run that started with ``start_threads`` may take during the run: what
+    an idle machine would have given it, unless its threads wait PASSIVE (read once, at start),
+    where more threads would only be as fast as the start's (2 PASSIVE threads ran as slow as 1)."""
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        return int(start_threads)
+    return max(int(start_threads), thread_plan(concurrent, cores, load=0.0).threads)
+
+
+def threads_under_load(ceiling: int, others: float, current: int | None = None,
                        cores: int | None = None, concurrent: int | None = None) -> int:
-    """Threads for the rest of a run that started with ``start_threads`` and runs ``current`` now,
-    while other processes keep ``others`` cores busy: :func:`thread_plan`'s rule, never above the
-    start, and back up only with :data:`RAISE_MARGIN` to spare. The wait policy stays as libgomp
-    read it at start; only the thread count can change in a running process."""
+    """Threads for the rest of a run that may use up to ``ceiling`` (:func:`thread_ceiling`) and
+    runs ``current`` now, while other processes keep ``others`` cores busy: :func:`thread_plan`'s
+    rule, and back up only with :data:`RAISE_MARGIN` to spare. Only the thread count can change
+    in a running process; the wait policy stays as libgomp read it at start."""
     def rule(load: float) -> int:
-        return max(1, min(int(start_threads), thread_plan(concurrent, cores, load=load).threads))
+        return max(1, min(int(ceiling), thread_plan(concurrent, cores, load=load).threads))
 
     want = rule(others)
     if current is not None and want > current:

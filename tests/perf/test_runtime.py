@@ -25,16 +25,19 @@ def test_concurrent_processes_split_the_cores() -> None:
 
 
 def test_busy_machine_gets_fewer_threads_and_passive_waits() -> None:
-    plan = R.thread_plan(concurrent=1, cores=2, load=1.0)  # one other busy process
-    assert (plan.threads, plan.wait_policy) == (1, "PASSIVE")
+    """PASSIVE where the plan still has a team of threads; one thread has none to wait on, and
+    keeps libgomp's default so that threads it takes back mid-run spin at full speed."""
     plan = R.thread_plan(concurrent=1, cores=8, load=4.0)
     assert (plan.threads, plan.wait_policy) == (4, "PASSIVE")
+    plan = R.thread_plan(concurrent=1, cores=2, load=1.0)  # one other busy process
+    assert (plan.threads, plan.wait_policy) == (1, None)
     plan = R.thread_plan(concurrent=1, cores=2, load=9.0)  # far oversubscribed
-    assert (plan.threads, plan.wait_policy) == (1, "PASSIVE")
+    assert (plan.threads, plan.wait_policy) == (1, None)
 
 
 def test_oversubscribed_by_our_own_jobs_is_passive() -> None:
-    assert R.thread_plan(concurrent=4, cores=2, load=0.0).wait_policy == "PASSIVE"
+    assert R.thread_plan(concurrent=2, cores=8, load=7.0).wait_policy == "PASSIVE"  # 2 threads each
+    assert R.thread_plan(concurrent=4, cores=2, load=0.0).wait_policy is None  # a thread each
 
 
 def test_sweep_siblings_are_not_counted_twice() -> None:
@@ -90,23 +93,23 @@ def test_our_own_children_count_as_our_cpu_time_not_as_other_load() -> None:
     assert R.own_cpu_s() < after.own_cpu_s + 0.5  # a child that ended no longer counts live
 
 
-def test_threads_follow_the_load_by_the_start_rule_never_above_the_start() -> None:
-    """2 cores, a run that started with 2 threads: a neighbour using a core takes one away (it
-    reads as 0.7 busy while our 2 threads compete with it, 1.0 once we use 1), light background
-    work does not; the neighbour leaving gives it back, with a margin so that work near the
-    line (0.5 busy) keeps the count where it is."""
-    def under(others: float, start: int = 2, cores: int = 2, k: int = 1, now: int | None = None) -> int:
-        return R.threads_under_load(start, others, current=now, cores=cores, concurrent=k)
+def test_threads_follow_the_load_by_the_start_rule_up_to_the_ceiling() -> None:
+    """2 cores, a run that may use 2 threads: a neighbour using a core takes one away (it reads
+    as 0.7 busy while our 2 threads compete with it, 1.0 once we use 1), light background work
+    does not; the neighbour leaving gives it back, with a margin so that work near the line
+    (0.5 busy) keeps the count where it is."""
+    def under(others: float, ceiling: int = 2, cores: int = 2, k: int = 1, now: int | None = None) -> int:
+        return R.threads_under_load(ceiling, others, current=now, cores=cores, concurrent=k)
 
     assert [under(x) for x in (0.0, 0.3, 0.7, 1.0, 2.0)] == [2, 2, 1, 1, 1]
     assert [under(x, now=2) for x in (0.0, 0.5, 0.7)] == [2, 2, 1]
     # back up once the neighbour has gone, but a neighbour near the line does not flip it
     assert [under(x, now=1) for x in (0.0, 0.2, 0.4, 0.5, 1.0)] == [2, 2, 1, 1, 1]
-    assert under(0.0, start=1) == 1  # never above the start (it may have started busy)
-    assert under(0.0, start=8, cores=4) == 4  # nor above the cores
+    assert under(0.0, ceiling=1) == 1  # never above the ceiling (a PASSIVE start's own count)
+    assert under(0.0, ceiling=8, cores=4) == 4  # nor above the cores
     # a 2-job sweep on 8 cores, 4 threads each: the sibling's 4 busy cores are in the plan
-    assert under(4.0, start=4, cores=8, k=2) == 4
-    assert under(6.0, start=4, cores=8, k=2) == 3  # 2 cores taken: 6 free for the two
+    assert under(4.0, ceiling=4, cores=8, k=2) == 4
+    assert under(6.0, ceiling=4, cores=8, k=2) == 3  # 2 cores taken: 6 free for the two
 
 
 def test_concurrency_comes_from_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,10 +141,10 @@ def _child_policy(env: dict[str, str]) -> str:
 
 def test_cli_import_keeps_a_user_policy_and_recomputes_its_own() -> None:
     assert _child_policy({"OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"  # the user's choice wins
-    # 64 processes on this machine's cores: oversubscribed whatever the load, so PASSIVE,
-    # even though the parent had set (and marked) another value
+    # 64 processes on this machine's cores: one thread each whatever the load, so libgomp's
+    # default, even though the parent had set (and marked) another value
     assert _child_policy({"OMP_WAIT_POLICY": "ACTIVE", "SCALELAB_OMP_AUTO": "1",
-                          R.CONCURRENT_ENV: "64"}) == "PASSIVE"
+                          R.CONCURRENT_ENV: "64"}) == "unset"
 
 
 CPUINFO_ZEN4 = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\n"
@@ -258,20 +261,32 @@ def test_threads_adapt_mid_run_only_where_scalelab_chose_them(monkeypatch: pytes
     assert not adapts_threads(_spec([]))
 
 
-def test_the_banner_says_whether_the_threads_follow_the_load() -> None:
+def test_the_banner_says_whether_the_threads_follow_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
     from scalelab.cli.banner import threads_line
 
-    threads = torch.get_num_threads()
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv(R.CONCURRENT_ENV, "1")
+    cores, threads = R.available_cores(), torch.get_num_threads()
     try:
-        torch.set_num_threads(2)
-        assert "2 torch threads, fewer while other processes need the cores," in threads_line(True)
-        assert "2 torch threads, OMP_WAIT_POLICY" in threads_line(False)  # fixed by hand
-        torch.set_num_threads(1)
-        assert "1 torch threads, OMP_WAIT_POLICY" in threads_line(True)  # none to give up
+        torch.set_num_threads(1)  # started beside other work: it may take the cores back
+        assert f"1 torch threads, following the load between 1 and {cores}," in threads_line(True)
+        assert "1 torch threads, OMP_WAIT_POLICY" in threads_line(False)  # fixed by hand
+        monkeypatch.setenv(R.CONCURRENT_ENV, str(cores))  # one core each: nothing to follow
+        assert "1 torch threads, OMP_WAIT_POLICY" in threads_line(True)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_ceiling_is_what_an_idle_machine_gives_unless_the_threads_wait_passive(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert R.thread_ceiling(1, cores=4, concurrent=1) == 4  # started busy, may grow back
+    assert R.thread_ceiling(2, cores=8, concurrent=2) == 4
+    assert R.thread_ceiling(3, cores=2, concurrent=1) == 3  # never below the start
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # 2 PASSIVE threads run as slow as 1
+    assert R.thread_ceiling(1, cores=4, concurrent=1) == 1
 
 
 def test_startup_gc_pause_freezes_what_startup_built_and_a_job_end_releases_it() -> None:

@@ -49,7 +49,7 @@ def test_a_run_gives_up_threads_when_other_jobs_take_its_cores(
                           logger=CSVLogger(tmp_path, name="t", version=0))
     with strangers_spinning(cores):
         trainer.fit(module, data)
-    assert governor.start_threads == cores
+    assert governor.start_threads == cores and governor.ceiling == cores
     step, threads, others = governor.changes[0]
     assert threads < cores and others >= 0.5, governor.changes
     assert min(module.threads_seen) == min(t for _, t, _ in governor.changes)  # steps ran with it
@@ -59,7 +59,10 @@ def test_a_run_gives_up_threads_when_other_jobs_take_its_cores(
     assert torch.get_num_threads() == cores  # back to the process's own plan after the fit
 
 
-def test_a_run_that_started_with_one_thread_or_off_cpu_is_left_alone(tmp_path: Path) -> None:
+def test_a_run_with_one_thread_whatever_the_load_is_left_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One core per scalelab process (a sweep's points): even an idle machine gives one thread."""
+    monkeypatch.setenv(R.CONCURRENT_ENV, str(R.available_cores()))
     torch.set_num_threads(1)
     governor = AdaptiveThreads(every_s=0.01)
     trainer = cpu_trainer(3, tmp_path, callbacks=[governor])

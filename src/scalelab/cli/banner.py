@@ -76,11 +76,13 @@ def threads_line(follows_load: bool = False) -> str:
     """What the thread rule chose (scalelab.runtime) and what it saw, so a slow run explains itself."""
     import torch
 
-    from scalelab.runtime import available_cores, measured_other_load
+    from scalelab.runtime import available_cores, measured_other_load, thread_ceiling
 
     policy = os.environ.get("OMP_WAIT_POLICY", "default")
-    follows = ", fewer while other processes need the cores" if follows_load and torch.get_num_threads() > 1 else ""
-    return (f"{torch.get_num_threads()} torch threads{follows}, OMP_WAIT_POLICY={policy} "
+    n = torch.get_num_threads()
+    ceiling = thread_ceiling(n) if follows_load else n
+    follows = f", following the load between 1 and {ceiling}" if ceiling > 1 else ""
+    return (f"{n} torch threads{follows}, OMP_WAIT_POLICY={policy} "
             f"({available_cores()} cores, other processes busy on {measured_other_load():.1f})")
 
 

@@ -11,8 +11,10 @@ threads held, 34.7 s with one thread from the start (medians of 2, ``python -m
 benchmarks.arriving_load --rounds 2``); looking every 2 s instead of 1, 35.6 s. A look costs
 ~0.1 ms.
 
-Off where the threads were fixed by hand (``train.num_threads``, ``OMP_NUM_THREADS``), on GPUs,
-and where the run started with one thread. A thread count that changes can move a run's
+A run that started beside other work (fewer threads) takes threads back when it leaves, up to
+what an idle machine would have given it (:func:`scalelab.runtime.thread_ceiling`). Off where the
+threads were fixed by hand (``train.num_threads``, ``OMP_NUM_THREADS``), on GPUs, and where even
+an idle machine gives one thread. A thread count that changes can move a run's
 numbers at rounding level (reductions split differently); fix the threads for runs that must
 repeat bit for bit.
 """
@@ -26,7 +28,13 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from scalelab.runtime import CpuSample, cpu_sample, other_load_between, threads_under_load
+from scalelab.runtime import (
+    CpuSample,
+    cpu_sample,
+    other_load_between,
+    thread_ceiling,
+    threads_under_load,
+)
 
 log = logging.getLogger("scalelab.train")
 
@@ -34,7 +42,7 @@ log = logging.getLogger("scalelab.train")
 class AdaptiveThreads(pl.Callback):
     """Every ``every_s`` seconds of training: other processes' busy cores over that interval
     (``/proc/stat``, ours and our children's CPU time taken out), then ``torch.set_num_threads``
-    by :func:`scalelab.runtime.threads_under_load`. Each change goes to the run's loggers as
+    by :func:`scalelab.runtime.threads_under_load`, between 1 and ``ceiling``. Each change goes to the run's loggers as
     ``cpu_threads`` at its step (straight away: ``self.log`` would keep only the changes that fall
     on a logging step) and into ``changes`` as (step, threads, other processes' busy cores)."""
 
@@ -44,14 +52,16 @@ class AdaptiveThreads(pl.Callback):
             raise ValueError(f"AdaptiveThreads every_s={every_s!r}: must be > 0")
         self.every_s = float(every_s)
         self.start_threads = 0
+        self.ceiling = 0
         self.changes: list[tuple[int, int, float]] = []
         self._last: CpuSample | None = None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.start_threads = torch.get_num_threads()
+        self.ceiling = thread_ceiling(self.start_threads)
         self._last = None
-        if pl_module.device.type != "cpu" or self.start_threads < 2:
-            return  # nothing to take away
+        if pl_module.device.type != "cpu" or self.ceiling < 2:
+            return  # one thread whatever the load
         try:
             self._last = cpu_sample()
         except OSError:  # no /proc/stat (macOS): the start's plan stays
@@ -65,7 +75,7 @@ class AdaptiveThreads(pl.Callback):
         others = other_load_between(self._last, now)
         self._last = now
         had = torch.get_num_threads()
-        want = threads_under_load(self.start_threads, others, current=had)
+        want = threads_under_load(self.ceiling, others, current=had)
         if want == had:
             return
         torch.set_num_threads(want)
