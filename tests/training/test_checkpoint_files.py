@@ -105,6 +105,37 @@ def test_checkpoint_io_removes_the_sidecar_with_the_file(tmp_path: Path) -> None
     assert not p.exists() and not sidecar_path(p).exists()
 
 
+_DIES_MID_SAVE = """
+import os, sys, torch
+import scalelab.training.checkpoint as C
+path, where = sys.argv[1], sys.argv[2]
+def ckpt(step):
+    return {"state_dict": {"model.w": torch.arange(64, dtype=torch.float32) * step}, "global_step": step}
+C.write_checkpoint(ckpt(1), path)
+if where == "before_rename":
+    os.replace = lambda *a, **k: os._exit(9)
+else:  # after the rename, before the new sidecar
+    C.atomic_write_json = lambda *a, **k: os._exit(9)
+C.write_checkpoint(ckpt(2), path)
+"""
+
+
+@pytest.mark.parametrize(("where", "step"), [("before_rename", 1), ("before_sidecar", 2)])
+def test_a_process_killed_mid_save_leaves_a_checkpoint_resume_can_use(
+        tmp_path: Path, where: str, step: int) -> None:
+    """A real process dies inside its second save of last.ckpt (a sweep SIGKILLed while a point
+    saved): resume must still find a usable last.ckpt, the old one or the new one. The new file
+    beside the old sidecar once failed its hash ("no usable checkpoint"; same size, so only the
+    SHA-256 told)."""
+    p = tmp_path / "checkpoints" / "last.ckpt"
+    proc = subprocess.run([sys.executable, "-c", _DIES_MID_SAVE, str(p), where], timeout=120,
+                          capture_output=True, text=True)
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    assert verify(p) is None
+    assert newest_verified(p.parent) == (p, [])
+    assert read_checkpoint(p)["global_step"] == step
+
+
 def test_full_disk_names_the_path_and_keeps_the_old_checkpoint(tmp_path: Path) -> None:
     with small_tmpfs(tmp_path / "disk", "3m") as disk:
         p = disk / "checkpoints" / "last.ckpt"

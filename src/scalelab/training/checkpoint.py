@@ -2,7 +2,8 @@
 
 - Writing (``VerifiedCheckpointIO``, given to the Trainer as a plugin, so ModelCheckpoint,
   StepCheckpoints and ``trainer.save_checkpoint`` all use it): a temp file in the destination
-  folder, fsync, rename, then a ``<name>.sha256`` sidecar holding size and SHA-256. Lightning's own
+  folder, fsync, the old sidecar removed, rename, then a ``<name>.sha256`` sidecar holding size
+  and SHA-256 (a kill at any point leaves a pair that verifies or a file that loads). Lightning's own
   writer stages the file in $TMPDIR and moves it, which across filesystems is a plain copy that a
   full disk leaves truncated under the final name.
 - Reading (``read_checkpoint``): always ``torch.load(weights_only=True)``, passed explicitly so
@@ -82,6 +83,18 @@ def file_digest(path: Path) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def _drop_sidecar(path: Path) -> None:
+    """Remove ``path``'s sidecar before a new file takes its name. A process killed between the
+    rename and the new sidecar would otherwise leave the new checkpoint beside the old one's
+    hash: a whole file that fails to verify, so resume found "no usable checkpoint" (a sweep
+    SIGKILLed mid-save). Without a sidecar, ``verify`` loads the file instead."""
+    try:
+        sidecar_path(path).unlink()
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)  # gone on disk before the rename is
+
+
 def write_checkpoint(checkpoint: Mapping[str, Any], path: str | Path) -> None:
     """Write ``checkpoint`` to ``path`` atomically, with its size/hash sidecar."""
     path = Path(path)
@@ -97,6 +110,7 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | Path) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _drop_sidecar(path)
         os.replace(tmp, path)
         fsync_dir(path.parent)
         atomic_write_json(sidecar_path(path), {"size": len(data),
