@@ -5,7 +5,7 @@ arrives later takes a core from under it: on a 2-core machine a one-thread busy 
 mid-run cut a 2-thread run about 3x (fp32 28.5k to 8.4-10k tokens/s, bf16 57k to 13-17k), since
 each OpenMP region waits for the thread that was descheduled. :class:`AdaptiveThreads` measures
 other processes' CPU use every ``every_s`` seconds of training and sets the thread count by the
-start's rule, back up to the start's count when the cores are free again. A 1200-step
+start's rule, back up when the cores are free again. A 1200-step
 shakespeare_char run with such a job arriving 6 s in took 33.4 s this way, 82.2 s with its two
 threads held, 34.7 s with one thread from the start (medians of 2, ``python -m
 benchmarks.arriving_load --rounds 2``); looking every 2 s instead of 1, 35.6 s. A look costs
@@ -14,9 +14,9 @@ benchmarks.arriving_load --rounds 2``); looking every 2 s instead of 1, 35.6 s. 
 A run that started beside other work (fewer threads) takes threads back when it leaves, up to
 what an idle machine would have given it (:func:`scalelab.runtime.thread_ceiling`). Off where the
 threads were fixed by hand (``train.num_threads``, ``OMP_NUM_THREADS``), on GPUs, and where even
-an idle machine gives one thread. A thread count that changes can move a run's
-numbers at rounding level (reductions split differently); fix the threads for runs that must
-repeat bit for bit.
+an idle machine gives one thread. A thread count that changes can move a run's numbers at
+rounding level (reductions split differently); fix the threads for runs that must repeat bit
+for bit.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ log = logging.getLogger("scalelab.train")
 class AdaptiveThreads(pl.Callback):
     """Every ``every_s`` seconds of training: other processes' busy cores over that interval
     (``/proc/stat``, ours and our children's CPU time taken out), then ``torch.set_num_threads``
-    by :func:`scalelab.runtime.threads_under_load`, between 1 and ``ceiling``. Each change goes to the run's loggers as
-    ``cpu_threads`` at its step (straight away: ``self.log`` would keep only the changes that fall
-    on a logging step) and into ``changes`` as (step, threads, other processes' busy cores)."""
+    by :func:`scalelab.runtime.threads_under_load`, between 1 and ``ceiling``. Each change goes to
+    the run's loggers as ``cpu_threads`` at its step (straight away: ``self.log`` would keep only
+    the changes that fall on a logging step) and into ``changes`` as (step, threads, other
+    processes' busy cores)."""
 
     def __init__(self, every_s: float = 1.0):
         super().__init__()
