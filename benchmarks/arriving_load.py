@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_train import PRESETS, ROOT, create_store, data_dir
+from benchmarks.bench_train import PRESETS, ROOT, create_store, platform_cmd
 from scalelab.runtime import available_cores
 
 TARGET = 0.9  # auto's wall / the better fixed setting's, inverted: at least this
@@ -55,9 +55,7 @@ def timed_run(overrides: list[str], workdir: Path, arrive_s: float,
     """One run with a busy job starting ``arrive_s`` into it (leaving after ``stay_s``, or
     staying to the end): wall, tokens/s, thread changes."""
     out = workdir / f"run_{time.time_ns()}"
-    args = [sys.executable, "-m", "scalelab.cli.train", *overrides, f"paths.output_dir={out}",
-            f"paths.data_dir={data_dir()}", f"logger.tracking_uri=sqlite:///{workdir}/mlruns.db",
-            f"logger.artifact_root={workdir}/mlartifacts", "trainer.enable_progress_bar=false"]
+    args = platform_cmd([*overrides, "trainer.enable_progress_bar=false"], out, workdir)
     t0 = time.time()
     run = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     hog = None

@@ -244,6 +244,15 @@ def create_store(workdir: Path) -> None:
                    capture_output=True, cwd=ROOT)
 
 
+def platform_cmd(overrides: list[str], out: Path, workdir: Path) -> list[str]:
+    """``scalelab-train`` with its run folder at ``out``, the bench's token cache, and the MLflow
+    store and artifacts in ``workdir``."""
+    return [sys.executable, "-m", "scalelab.cli.train", *overrides,
+            f"paths.output_dir={out}", f"paths.data_dir={data_dir()}",
+            f"logger.tracking_uri=sqlite:///{workdir}/mlruns.db",
+            f"logger.artifact_root={workdir}/mlartifacts"]
+
+
 def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads: int,
                  gpu: bool = False, partner: PlainLoop | None = None, turn: int = 1) -> dict[str, Any]:
     """One ``scalelab-train`` subprocess; ``steps`` None keeps the experiment's run length.
@@ -255,12 +264,9 @@ def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads
     out, phases, log_path = (workdir / f"{k}_{stamp}" for k in ("run", "phases", "log"))
     pipes = Pipes.open() if partner is not None else None
     timer = f"path: '{phases}'" + (f", lockstep: '{pipes.callback_arg}', every: {turn}" if pipes else "")
-    args = [sys.executable, "-m", "scalelab.cli.train", *overrides,
-            "+callbacks.bench_phases={_target_: benchmarks.phase_timer.PhaseTimer, " + timer + "}",
-            *([f"train.max_steps={steps}"] if steps else []),
-            f"paths.output_dir={out}", f"paths.data_dir={data_dir()}",
-            f"logger.tracking_uri=sqlite:///{workdir}/mlruns.db",
-            f"logger.artifact_root={workdir}/mlartifacts"]
+    args = platform_cmd([*overrides,
+                         "+callbacks.bench_phases={_target_: benchmarks.phase_timer.PhaseTimer, " + timer + "}",
+                         *([f"train.max_steps={steps}"] if steps else [])], out, workdir)
     if not gpu:
         args.append(f"train.num_threads={threads}")
     t0, ru0 = time.time(), child_cpu()

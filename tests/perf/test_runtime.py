@@ -249,7 +249,8 @@ def test_a_run_splits_the_cores_between_its_ranks_and_the_sweep(
 
 
 def test_threads_adapt_mid_run_only_where_scalelab_chose_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    from scalelab.cli.trainer_build import adapts_threads, scalelab_callbacks
+    from scalelab.cli.torch_setup import adapts_threads
+    from scalelab.cli.trainer_build import scalelab_callbacks
     from scalelab.training.threads import AdaptiveThreads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

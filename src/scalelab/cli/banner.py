@@ -31,7 +31,7 @@ def ui_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | No
 
 def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec: Any,
                 data: DataBundle, resumed_from: Path | None) -> list[str]:
-    from scalelab.cli.trainer_build import adapts_threads
+    from scalelab.cli.torch_setup import adapts_threads
 
     n = model_cfg.n_params()
     fpt = model_cfg.flops_per_token(training=True, attention=True, seq_len=spec.block_size)

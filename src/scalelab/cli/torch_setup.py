@@ -71,6 +71,15 @@ def fixed_threads(spec: RunSpec) -> int | None:
     return int(threads) if str(threads).isdigit() and int(threads) > 0 else None
 
 
+def adapts_threads(spec: RunSpec) -> bool:
+    """Threads follow the load mid-run where scalelab chose them (not fixed by hand), on CPU,
+    one process per node: with several ranks here OMP_NUM_THREADS is exported for them, which
+    fixes them too."""
+    from scalelab.training.devices import uses_gpu
+
+    return fixed_threads(spec) is None and not uses_gpu(str(spec.trainer.accelerator))
+
+
 def run_threads(spec: RunSpec, plan: Callable[..., Any]) -> int:
     """Torch threads of one process of this run: ``train.num_threads``, else ``OMP_NUM_THREADS``
     (torchrun's and Lightning's convention), else the cores // every process sharing them: a

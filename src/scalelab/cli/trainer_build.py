@@ -49,21 +49,13 @@ def scalelab_callbacks(spec: RunSpec, out_dir: Path, meta: dict[str, Any],
 
         window = spec.callbacks.throughput.window
         cbs.append(ThroughputMonitor(every_n_steps=None if window is None else int(window)))
+    from scalelab.cli.torch_setup import adapts_threads
+
     if adapts_threads(spec):
         from scalelab.training.threads import AdaptiveThreads
 
         cbs.append(AdaptiveThreads())
     return cbs
-
-
-def adapts_threads(spec: RunSpec) -> bool:
-    """Threads follow the load mid-run where scalelab chose them (not fixed by hand), on CPU,
-    one process per node: with several ranks here OMP_NUM_THREADS is exported for them, which
-    fixes them too."""
-    from scalelab.cli.torch_setup import fixed_threads
-    from scalelab.training.devices import uses_gpu
-
-    return fixed_threads(spec) is None and not uses_gpu(str(spec.trainer.accelerator))
 
 
 def _checkpoint_callbacks(spec: RunSpec, ckpt_dir: Path) -> list[Any]:

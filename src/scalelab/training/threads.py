@@ -21,6 +21,7 @@ for bit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -63,10 +64,8 @@ class AdaptiveThreads(pl.Callback):
         self._last = None
         if pl_module.device.type != "cpu" or self.ceiling < 2:
             return  # one thread whatever the load
-        try:
+        with contextlib.suppress(OSError):  # no /proc/stat (macOS): the start's plan stays
             self._last = cpu_sample()
-        except OSError:  # no /proc/stat (macOS): the start's plan stays
-            self._last = None
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
