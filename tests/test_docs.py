@@ -34,7 +34,8 @@ HISTORY = {
     "sitting": re.compile(r"\bsittings?\b", re.I),
     # code says "this host" for pids and host tags; only the docs use it for a measuring machine
     "this host": re.compile(r"\b(?:that|same|today's) host\b", re.I),
-    "this host (docs)": re.compile(r"\bthis host\b", re.I),
+    # ... and in the docs "runs on this host" / "runs of this host whose process" is about pids too
+    "this host (docs)": re.compile(r"(?<!runs on )\bthis host\b(?! whose)", re.I),
     "issue number": re.compile(r"\bissue[ -]#?\d+\b", re.I),
     "dated heading": re.compile(r"^#+ .*\b20\d\d-\d\d-\d\d", re.M),
     "commit hash": re.compile(
