@@ -77,7 +77,8 @@ def timed_run(overrides: list[str], workdir: Path, arrive_s: float,
     if run.returncode != 0 or hog is None:
         raise RuntimeError(f"run failed ({run.returncode}) or ended before the job arrived:\n{log[-3000:]}")
     metrics = json.loads((out / "summary.json").read_text())["metrics"]
-    changes = [line.split("torch threads ")[1] for line in log.splitlines() if "torch threads " in line]
+    changes = [line.split("torch threads ")[1] for line in log.splitlines()
+               if "torch threads " in line and " -> " in line]  # not the banner's threads line
     return {"wall_s": wall, "tokens_per_s": metrics["final/tokens_per_s"], "changes": changes}
 
 
