@@ -12,10 +12,6 @@ import sys
 import traceback
 from pathlib import Path
 
-from scalelab.runtime import apply_omp_env
-
-apply_omp_env()  # before any benchmark imports torch (libgomp reads it once)
-
 
 def main(argv: list[str]) -> int:
     names = sorted(p.stem for p in Path(__file__).parent.glob("bench_*.py"))

@@ -3,7 +3,8 @@
 Per round, interleaved: the same ``scalelab-train`` run (``--preset``, ``--steps``) three ways,
 
 - ``auto``: the threads scalelab plans at start, which then follow the load
-  (:class:`scalelab.training.threads.AdaptiveThreads`);
+  (``train.threads_follow_load=true``,
+  :class:`scalelab.training.threads.AdaptiveThreads`);
 - ``fixed N``: ``train.num_threads`` = every core, what the start's plan was on an idle machine,
   held for the whole run (the behaviour before threads followed the load);
 - ``fixed 1``: one thread, the best hand-picked setting once a core is taken;
@@ -40,7 +41,7 @@ TARGET = 0.9  # auto's wall / the better fixed setting's, inverted: at least thi
 
 def settings() -> dict[str, list[str]]:
     cores = available_cores()
-    return {"auto": [], f"fixed {cores}": [f"train.num_threads={cores}"], "fixed 1": ["train.num_threads=1"]}
+    return {"auto": ["train.threads_follow_load=true"], f"fixed {cores}": [f"train.num_threads={cores}"], "fixed 1": ["train.num_threads=1"]}
 
 
 def busy_job(stay_s: float | None) -> list[str]:
@@ -76,7 +77,8 @@ def timed_run(overrides: list[str], workdir: Path, arrive_s: float,
     if run.returncode != 0 or hog is None:
         raise RuntimeError(f"run failed ({run.returncode}) or ended before the job arrived:\n{log[-3000:]}")
     metrics = json.loads((out / "summary.json").read_text())["metrics"]
-    changes = [line.split("torch threads ")[1] for line in log.splitlines() if "torch threads " in line]
+    changes = [line.split("torch threads ")[1] for line in log.splitlines()
+               if "torch threads " in line and " -> " in line]  # not the banner's threads line
     return {"wall_s": wall, "tokens_per_s": metrics["final/tokens_per_s"], "changes": changes}
 
 
@@ -122,7 +124,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from scalelab.runtime import apply_omp_env
-
-    apply_omp_env()
     sys.exit(main(sys.argv[1:]))

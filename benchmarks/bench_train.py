@@ -35,16 +35,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from scalelab.runtime import apply_omp_env, keep_freed_memory, thread_plan
-
-if not ("--_loop-child" in sys.argv and "SCALELAB_BENCH_THREADS" in os.environ):
-    apply_omp_env()  # before torch loads libgomp; a hand-picked child keeps its own setting
-
 import torch
 import torch.nn.functional as F
 
 from benchmarks.lockstep import Pipes, take_turns
-from scalelab.lean_imports import FULL_ENV
+from scalelab.runtime import thread_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(os.environ.get("SCALELAB_SHAKESPEARE", "/work/shared/data/tinyshakespeare.txt"))
@@ -272,11 +267,8 @@ def run_platform(overrides: list[str], steps: int | None, workdir: Path, threads
     t0, ru0 = time.time(), child_cpu()
     turns: list[tuple[float, float, int]] = []
     with log_path.open("w") as log:
-        # the phase timer is a callback outside Lightning that uses no torchmetrics: the run
-        # starts as a user's would without it (scalelab/lean_imports.py)
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                pass_fds=pipes.run_ends if pipes else (),
-                                env={**os.environ, FULL_ENV: "0"})
+                                pass_fds=pipes.run_ends if pipes else ())
         try:
             if pipes is not None and partner is not None:
                 pipes.started()
@@ -751,12 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     loop_steps, platform_steps = args.loop_steps or loop_steps, args.platform_steps or platform_steps
     plan = thread_plan()
     torch.set_num_threads(plan.threads)
-    # The plain loops get the heap settings every scalelab command runs with: otherwise how often
-    # their steps page-fault depends on which presets ran before in this process (the encoder's
-    # plain loop ran 5-10 % faster after the llama preset's), not on the code being compared.
-    heap = "tuned heap" if keep_freed_memory() else "glibc's default heap"
-    load = plan.load  # other processes' CPU use measured now (the load average lags a minute)
-    print(f"bench_train ({mode}): {plan.describe()}, {heap}; torch {torch.__version__}; "
+    load = os.getloadavg()[0]  # the 1-minute average: it lags, so read it as a rough hint
+    print(f"bench_train ({mode}): {plan.describe()}; torch {torch.__version__}; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     table_of = GPU_PRESETS if args.gpu else PRESETS
     results, t0 = [], time.time()

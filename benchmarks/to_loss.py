@@ -246,9 +246,5 @@ def misses(results: list[dict[str, Any]]) -> list[str]:
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == CHILD:
-        from scalelab.runtime import apply_omp_env, keep_freed_memory
-
-        apply_omp_env()
-        keep_freed_memory()  # the heap settings of every scalelab process, as the plain loops get
         own = OWN_INIT in sys.argv
         ref_child(sys.argv[2], [a for a in sys.argv[3:] if a != OWN_INIT], own_init=own)

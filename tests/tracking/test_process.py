@@ -154,13 +154,14 @@ def test_a_sigkilled_training_process_loses_no_held_metric_values(tmp_path: Path
 @pytest.mark.slow
 def test_scalelab_train_never_imports_mlflow_and_records_the_run(tmp_path: Path,
                                                                  train_cli) -> None:
-    from tests.test_lean_imports import TINY
-
+    tiny = ("model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.max_seq_len=32",
+            "train.global_batch_size=4", "train.val_batches=1", "callbacks.sample.enabled=false",
+            "logger.log_checkpoint=false", "data.max_bytes=200000", "train.max_steps=2")
     probe = ("import atexit, sys; "
              "atexit.register(lambda: print('MLFLOW_IMPORTED', 'mlflow' in sys.modules)); "
              "from scalelab.cli.train import main; sys.argv[0] = 'scalelab-train'; main()")
     uri = sqlite_store(tmp_path / "mlruns.db")
-    r = subprocess.run([sys.executable, "-c", probe, *TINY, *train_cli.isolated(tmp_path),
+    r = subprocess.run([sys.executable, "-c", probe, *tiny, *train_cli.isolated(tmp_path),
                         f"logger.tracking_uri={uri}"], cwd=REPO, env=train_cli.env(),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,17 +72,15 @@ def vocab_alignment_hint(vocab_size: int, on_gpu: bool) -> str | None:
 
 
 def threads_line(follows_load: bool = False) -> str:
-    """What the thread rule chose (scalelab.runtime) and what it saw, so a slow run explains itself."""
+    """The thread count the run took and where it came from, so a slow run explains itself."""
     import torch
 
-    from scalelab.runtime import available_cores, measured_other_load, thread_ceiling
+    from scalelab.runtime import available_cores, concurrent_processes
 
-    policy = os.environ.get("OMP_WAIT_POLICY", "default")
     n = torch.get_num_threads()
-    ceiling = thread_ceiling(n) if follows_load else n
-    follows = f", following the load between 1 and {ceiling}" if ceiling > 1 else ""
-    return (f"{n} torch threads{follows}, OMP_WAIT_POLICY={policy} "
-            f"({available_cores()} cores, other processes busy on {measured_other_load():.1f})")
+    follows = f", following the load between 1 and {n}" if follows_load and n > 1 else ""
+    return (f"{n} torch threads{follows} ({available_cores()} cores, "
+            f"{concurrent_processes()} scalelab process(es) sharing them)")
 
 
 def print_start(*args: Any, **kwargs: Any) -> None:

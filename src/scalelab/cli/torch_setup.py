@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scalelab.config.spec import RunSpec
-from scalelab.runtime import concurrent_processes
+from scalelab.runtime import concurrent_processes, thread_plan
 
 
 class _DropNoise(logging.Filter):
@@ -72,20 +72,29 @@ def fixed_threads(spec: RunSpec) -> int | None:
 
 
 def adapts_threads(spec: RunSpec) -> bool:
-    """Threads follow the load mid-run where scalelab chose them (not fixed by hand), on CPU,
-    one process per node: with several ranks here OMP_NUM_THREADS is exported for them, which
-    fixes them too."""
+    """Threads follow the load mid-run where the run asks for it (``train.threads_follow_load``)
+    and scalelab chose them: on CPU, not fixed by hand (several ranks on one node export
+    ``OMP_NUM_THREADS``, which fixes them too)."""
     from scalelab.training.devices import uses_gpu
 
-    return fixed_threads(spec) is None and not uses_gpu(str(spec.trainer.accelerator))
+    return (bool(spec.train.threads_follow_load) and fixed_threads(spec) is None
+            and not uses_gpu(str(spec.trainer.accelerator)))
 
 
-def run_threads(spec: RunSpec, plan: Callable[..., Any]) -> int:
+def check_thread_keys(spec: RunSpec) -> None:
+    """A fixed thread count cannot also follow the load."""
+    if spec.train.threads_follow_load and spec.train.num_threads:
+        raise ValueError(f"train.num_threads={spec.train.num_threads} fixes the threads, so "
+                         "train.threads_follow_load=true cannot change them; set one of the two "
+                         "(train.num_threads=null or train.threads_follow_load=false)")
+
+
+def run_threads(spec: RunSpec, plan: Callable[..., Any] = thread_plan) -> int:
     """Torch threads of one process of this run: ``train.num_threads``, else ``OMP_NUM_THREADS``
     (torchrun's and Lightning's convention), else the cores // every process sharing them: a
-    parallel sweep's points (SCALELAB_CONCURRENT_PROCS) x this run's ranks on the node; fewer
-    on a busy machine. With several ranks here the choice is exported as ``OMP_NUM_THREADS``,
-    so Lightning's DDP launcher keeps it and the ranks it starts take the same."""
+    parallel sweep's points (SCALELAB_CONCURRENT_PROCS) x this run's ranks on the node. With
+    several ranks here the choice is exported as ``OMP_NUM_THREADS``, so Lightning's DDP
+    launcher keeps it and the ranks it starts take the same."""
     if (fixed := fixed_threads(spec)) is not None:
         return fixed
     ranks_here = max(1, spec.world_size // max(1, int(spec.trainer.num_nodes)))
@@ -96,13 +105,13 @@ def run_threads(spec: RunSpec, plan: Callable[..., Any]) -> int:
 
 
 def setup_torch(spec: RunSpec) -> None:
-    """Threads, matmul precision and every seed (Python, numpy, torch, dataloader workers)."""
+    """Threads (applied here, when the run starts), matmul precision and every seed (Python,
+    numpy, torch, dataloader workers)."""
     import pytorch_lightning as pl
     import torch
 
-    from scalelab.runtime import thread_plan
-
+    check_thread_keys(spec)
     quiet_lightning()
-    torch.set_num_threads(run_threads(spec, thread_plan))
+    torch.set_num_threads(run_threads(spec))
     torch.set_float32_matmul_precision(str(spec.train.matmul_precision))
     pl.seed_everything(spec.seed, workers=True, verbose=False)

@@ -29,22 +29,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from scalelab import lean_imports
 from scalelab.cli import hydra_ddp, trainer_args
 from scalelab.cli.resume import ResumePoint, check_branch_keys, check_resume_point, resume_point
 from scalelab.cli.run_folder import RunFolder
-from scalelab.cli.user_callbacks import user_callback_nodes
 from scalelab.config.compose import normalize_overrides
 from scalelab.config.schema import register
 from scalelab.config.spec import RunSpec, build_spec
 from scalelab.data.bundle import DataBundle
 from scalelab.model import ModelConfig
-from scalelab.runtime import (
-    freeze_heap_before_exit,
-    pause_gc_for_startup,
-    release_frozen_heap,
-    resume_gc_after_startup,
-)
 from scalelab.tracking import is_global_zero
 from scalelab.tracking.store import TrackingServerUnreachable
 
@@ -59,17 +51,12 @@ def main() -> None:
     """Console entry point (`scalelab-train`); the console script does sys.exit(main())."""
     sys.argv = [sys.argv[0], *normalize_overrides(sys.argv[1:])]
     sys.argv = hydra_ddp.torchrun_argv(sys.argv)  # scale-out: torchrun ranks > 0 use rank 0's folder
-    pause_gc_for_startup()  # resumed before the first step; why: scalelab/runtime.py
-    try:
-        _hydra_main()
-    finally:
-        freeze_heap_before_exit()
+    _hydra_main()
 
 
 @hydra.main(version_base="1.3", config_path="pkg://scalelab.conf", config_name="train")
 def _hydra_main(cfg: DictConfig) -> float | None:
     """Hydra task; returns the final val loss (what a Hydra sweeper would minimize)."""
-    _lean_torchmetrics(cfg)
     hydra_ddp.begin_job(cfg)  # scale-out: torchrun layout, one GPU per joblib job
     try:
         summary = train(cfg)
@@ -82,14 +69,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         raise
     finally:
         hydra_ddp.end_job()  # scale-out: join this job's ranks, reset the env for the next job
-        release_frozen_heap()
     return summary.get("final_val_loss")
-
-
-def _lean_torchmetrics(cfg: DictConfig) -> None:
-    """Skip torchmetrics' optional imports (~3.5 s of start-up) unless user code may need them
-    (the rule: scalelab/lean_imports.py)."""
-    lean_imports.install_for_run(str(n["_target_"]) for n in user_callback_nodes(cfg).values())
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -252,7 +232,6 @@ def _tracked_run(run: CheckedRun, tracker: Any, t_start: float) -> dict[str, Any
         val_steps: list[int] = []
         trainer = build_trainer(run.cfg, spec, tracker, run.out_dir, _checkpoint_meta(run, tracker),
                                 val_steps)
-        resume_gc_after_startup()
         t_fit = time.time()
         ckpt = run.point.ckpt
         trainer.fit(module, datamodule=run.data.datamodule, ckpt_path=str(ckpt) if ckpt else None)
