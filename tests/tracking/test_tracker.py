@@ -73,12 +73,14 @@ def test_tracker_statuses_parent_and_resume(tmp_path: Path) -> None:
     logger = first.lightning_logger()
     logger.log_metrics({"train/loss": 3.0}, step=1)
     logger.log_metrics({"train/loss": 2.0}, step=2)
+    first.spool.wait()  # MLflow's logging thread has written them (a resume follows a run's end)
     again = start(resume_run_id=first.run_id)
     assert again.run_id == first.run_id and again.resumed
     again.log_params({"lr": 0.2})  # ignored: mlflow forbids changing a param
     logger = again.lightning_logger()
     logger.log_metrics({"train/loss": 9.0}, step=2)  # replayed step after the checkpoint
     logger.log_metrics({"train/loss": 1.0}, step=3)
+    again.spool.wait()
     hist = sorted((m.step, m.value) for m in client.get_metric_history(first.run_id, "train/loss"))
     assert hist == [(1, 3.0), (2, 2.0), (3, 1.0)]
     assert client.get_run(first.run_id).data.params["lr"] == "0.1"
@@ -96,6 +98,7 @@ def test_metric_values_are_sent_at_most_every_interval_in_order_and_never_lost(t
     client = MlflowClient(uri)
 
     def steps(tracker: Tracker) -> list[int]:
+        tracker.spool.wait()  # the batch MLflow's logging thread may still be writing
         return sorted(m.step for m in client.get_metric_history(tracker.run_id, "train/loss"))
 
     held = Tracker.start(uri, "unit", "held", {}, artifact_root=str(tmp_path / "a"),
@@ -125,3 +128,19 @@ def test_metric_values_are_sent_at_most_every_interval_in_order_and_never_lost(t
     logger.log_metrics({"train/loss": 1.0}, step=3)  # the interval has passed: 2 and 3 go together
     assert steps(timed) == [1, 2, 3]
     timed.end("KILLED")
+
+
+def test_a_metric_batch_mlflow_rejects_is_raised_at_the_next_wait(tmp_path: Path) -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+    from tests.conftest import sqlite_store
+
+    from scalelab.tracking.run import Tracker
+
+    uri = sqlite_store(tmp_path / "mlruns.db")
+    tracker = Tracker.start(uri, "unit", "deleted", {}, artifact_root=str(tmp_path / "a"))
+    MlflowClient(uri).delete_run(tracker.run_id)
+    tracker.log_metrics({"x": 1.0}, step=1)  # handed to MLflow's logging thread
+    with pytest.raises(MlflowException, match="active"):
+        tracker.spool.wait()  # a live store's refusal is an error, not an outage to wait out
+    assert not tracker.spool.pending

@@ -10,8 +10,6 @@ Scaling sweeps name their points themselves (``sweep_point`` overrides set ``run
 
 from __future__ import annotations
 
-from typing import Any
-
 from scalelab.config.spec import RunSpec
 
 # Overrides that say where or how a run is recorded, not what it trains.
@@ -82,16 +80,16 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def multirun_parent(spec: RunSpec, tracking: Any) -> str | None:
-    """The parent run of this ``--multirun`` job (None for single runs and scaling sweeps),
-    found or created by the run's tracking process, so that mlflow stays out of this one."""
+def multirun_parent(spec: RunSpec, tracking_uri: str) -> str | None:
+    """The parent run of this ``--multirun`` job (None for single runs and scaling sweeps)."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
 
+    from scalelab.tracking.multirun import parent_run_id
+
     if spec.logger.parent_run_id or not in_multirun():
         return None
     hc = HydraConfig.get()
-    return tracking.call("multirun_parent", tracking.tracking_uri, str(spec.logger.experiment_name),
-                         Path(hc.sweep.dir), f"{spec.run_name} (multirun)",
-                         spec.logger.artifact_root)
+    return parent_run_id(tracking_uri, str(spec.logger.experiment_name), Path(hc.sweep.dir),
+                         f"{spec.run_name} (multirun)", spec.logger.artifact_root)

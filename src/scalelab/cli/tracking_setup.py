@@ -3,7 +3,6 @@ params and config (all MLflow code itself is in scalelab.tracking)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -18,44 +17,37 @@ from scalelab.data.bundle import DataBundle
 from scalelab.model import ModelConfig
 
 
-def spawn_tracking(spec: RunSpec, rank0: bool) -> Any:
-    """A context holding the run's TrackingProcess (None without MLflow, off rank 0 or in a
-    fast_dev_run), started now: it loads MLflow on another core while this process loads torch
-    and Lightning and prepares the data (why: scalelab/tracking/process.py). A multirun's
-    later jobs get the one its previous job kept."""
+def tracking_uri(spec: RunSpec, rank0: bool) -> str | None:
+    """The run's MLflow store; None when nothing is tracked (``logger=none``, ranks > 0, a
+    fast_dev_run). No mlflow import: config errors found later stay fast."""
     if spec.logger.backend != "mlflow" or not rank0 or spec.fast_dev_run:
-        return contextlib.nullcontext()
-    from scalelab.cli.naming import in_multirun
-    from scalelab.tracking.process import TrackingProcess
+        return None
     from scalelab.tracking.store import remote_env_defaults, resolve_tracking_uri
 
-    remote_env_defaults()  # before the process starts: it inherits them
-    uri = resolve_tracking_uri(spec.logger.tracking_uri, Path(spec.paths.root))
-    # in a multirun more jobs may follow in this process: they reuse its tracking process
-    return TrackingProcess.for_run(uri, keep_for_next=in_multirun())
+    remote_env_defaults()  # before MLflow's HTTP client reads them
+    return resolve_tracking_uri(spec.logger.tracking_uri, Path(spec.paths.root))
 
 
-def probe_tracking(spec: RunSpec, process: Any) -> None:
+def probe_tracking(spec: RunSpec, uri: str | None) -> None:
     """A dead tracking server fails here, before any data is prepared."""
-    if process is None:
+    if uri is None:
         return
     from scalelab.tracking.store import probe
 
-    probe(process.tracking_uri, timeout=float(spec.logger.probe_timeout))
+    probe(uri, timeout=float(spec.logger.probe_timeout))
 
 
-def start_tracker(spec: RunSpec, process: Any, resume_run_id: str | None) -> Any:
-    """A tracker on a new or reopened MLflow run in ``process`` (from spawn_tracking, whose
-    context closes it); a NullTracker without one."""
+def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None) -> Any:
+    """A tracker on a new or reopened MLflow run in the store ``uri`` (mlflow is imported
+    here); a NullTracker when nothing is tracked."""
     from scalelab.tracking.null import NullTracker
 
-    if process is None:
+    if uri is None:
         return NullTracker()
     from scalelab.cli import naming
     from scalelab.tracking.meta import run_tags
-    from scalelab.tracking.process import RemoteTracker
+    from scalelab.tracking.run import Tracker
 
-    uri = process.tracking_uri
     tags = run_tags(Path(spec.paths.root))
     tags.update({
         "scalelab.objective": spec.objective,
@@ -66,10 +58,10 @@ def start_tracker(spec: RunSpec, process: Any, resume_run_id: str | None) -> Any
     tags.update({str(k): str(v) for k, v in spec.tags.items()})
     run_name, name_tags = naming.resolve(spec)  # experiment + overrides; <name>-<job> in a multirun
     tags.update(name_tags)
-    multirun_parent = None if resume_run_id else naming.multirun_parent(spec, process)
+    multirun_parent = None if resume_run_id else naming.multirun_parent(spec, uri)
     logger = spec.logger
-    tracker = RemoteTracker.start(
-        process, tracking_uri=uri, experiment_name=str(logger.experiment_name),
+    tracker = Tracker.start(
+        tracking_uri=uri, experiment_name=str(logger.experiment_name),
         run_name=run_name, tags=tags, artifact_root=logger.artifact_root,
         parent_run_id=logger.parent_run_id or multirun_parent, resume_run_id=resume_run_id,
         probe_timeout=float(logger.probe_timeout), folder=Path(str(spec.paths.output_dir)),

@@ -6,9 +6,9 @@
     scalelab-train --cfg job                         # print the composed config
     scalelab-train resume=true run_name=NAME         # continue the latest run named NAME
 
-Order of work: validate the config (no IO) -> start the tracking process (it loads MLflow
-meanwhile) -> check the keys torch and Lightning own -> probe the tracking server -> prepare
-data -> create/reopen the MLflow run -> fit -> final validation, sample, artifacts, summary.
+Order of work: validate the config (no IO) -> check the keys torch and Lightning own -> probe
+the tracking server -> prepare data -> create/reopen the MLflow run (MLflow loads here) -> fit
+-> final validation, sample, artifacts, summary.
 
 Imports stay light up to the run itself: `--help`, composition and config errors never load
 Lightning or MLflow (each helper imports them where it needs them).
@@ -82,7 +82,7 @@ class CheckedRun:
     model_cfg: ModelConfig  # with the tokenizer's vocabulary
     data: DataBundle
     point: ResumePoint  # the checkpoint to continue from (ckpt None: a fresh run)
-    tracking: Any  # the TrackingProcess (None: nothing is tracked)
+    tracking_uri: str | None  # the MLflow store (None: nothing is tracked)
     folder: RunFolder
 
     @property
@@ -92,36 +92,35 @@ class CheckedRun:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run one training job from a composed config; returns the summary dict."""
-    from scalelab.cli.tracking_setup import spawn_tracking
+    from scalelab.cli.tracking_setup import tracking_uri
 
     t_start = time.time()
     rank0 = is_global_zero()
     folder = RunFolder(_output_dir(cfg))
     with folder.abandoned_on_error(rank0):
         spec = _built_spec(cfg, folder)  # config errors: before torch is even imported
-    with spawn_tracking(spec, rank0) as tracking:  # MLflow loads on another core from here on
-        with folder.abandoned_on_error(rank0):
-            _check_runtime_keys(cfg, spec)
-        from scalelab.training.signals import STOP
+    with folder.abandoned_on_error(rank0):
+        _check_runtime_keys(cfg, spec)
+    from scalelab.training.signals import STOP
 
-        STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
-        try:
-            return _train(cfg, spec, folder, rank0, t_start, tracking)
-        finally:
-            STOP.uninstall()
+    STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
+    try:
+        return _train(cfg, spec, folder, rank0, t_start, tracking_uri(spec, rank0))
+    finally:
+        STOP.uninstall()
 
 
 def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool, t_start: float,
-           tracking: Any) -> dict[str, Any]:
+           uri: str | None) -> dict[str, Any]:
     with folder.abandoned_on_error(rank0):  # nothing is written before the inputs are checked
-        run = _check_run(cfg, spec, folder, rank0, tracking)
+        run = _check_run(cfg, spec, folder, rank0, uri)
     if rank0:
         folder.out_dir.mkdir(parents=True, exist_ok=True)
         folder.commit()
 
     from scalelab.cli.tracking_setup import start_tracker
 
-    tracker = start_tracker(run.spec, run.tracking, run.point.run_id)
+    tracker = start_tracker(run.spec, run.tracking_uri, run.point.run_id)
     if rank0:
         from scalelab.cli.banner import print_start
 
@@ -165,7 +164,7 @@ def _check_runtime_keys(cfg: DictConfig, spec: RunSpec) -> None:
 
 
 def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
-               tracking: Any) -> CheckedRun:
+               uri: str | None) -> CheckedRun:
     """Choose the checkpoint, probe MLflow and prepare the data: every input error surfaces
     here, before the run folder is committed or an MLflow run exists."""
     from scalelab.cli.torch_setup import setup_torch
@@ -178,13 +177,13 @@ def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
     if is_slurm_requeue() and not spec.ckpt_path and folder.last_checkpoint.exists():
         cfg.resume = spec.resume = True  # SLURM started this job again after a requeue: continue it
     point = resume_point(spec, out_dir)
-    probe_tracking(spec, tracking)  # dead server: fail now, before the data
+    probe_tracking(spec, uri)  # dead server: fail now, before the data
     setup_torch(spec)
     data = _prepare_data(spec, rank0)
     model_cfg = spec.with_vocab(data.vocab_size)
     check_resume_point(point, spec, out_dir, model_config=model_cfg.to_dict(),
                        tokenizer=data.tokenizer_spec)
-    return CheckedRun(cfg, spec, model_cfg, data, point, tracking, folder)
+    return CheckedRun(cfg, spec, model_cfg, data, point, uri, folder)
 
 
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,

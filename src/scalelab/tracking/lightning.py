@@ -1,8 +1,7 @@
 """The Lightning logger of a tracked run: Lightning's metric calls go to the run's tracker.
 
-It imports no mlflow, so the training process can leave MLflow to the tracking process
-(scalelab/tracking/process.py). It does what Lightning's MLFlowLogger did for us, minus what the
-tracker owns:
+It imports no mlflow itself (the tracker does). It does what Lightning's MLFlowLogger did for
+us, minus what the tracker owns:
 
 - hyperparameters: the tracker logs a curated flat set; Lightning's dump of hparams would add
   noise and, on resume, clash with values already logged;
@@ -26,7 +25,7 @@ _NOT_IN_A_METRIC_NAME = re.compile(r"[^a-zA-Z0-9_/. -]+")  # MLflow's rule, as M
 
 
 class RunTracker(Protocol):
-    """What the logger needs of a tracker (Tracker in-process, RemoteTracker across processes)."""
+    """What the logger needs of a tracker (scalelab.tracking.run.Tracker)."""
 
     run_id: str | None
     experiment_id: str | None

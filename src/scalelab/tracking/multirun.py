@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
-
 from scalelab.data.files import locked
-from scalelab.tracking.run import _get_or_create_experiment
+from scalelab.tracking.run import _get_or_create_experiment, client_for
 
 PARENT_FILE = "mlflow_parent_run_id"
 ROLE_TAG = "scalelab.multirun_role"
@@ -26,14 +24,9 @@ def parent_run_id(tracking_uri: str, experiment_name: str, sweep_dir: Path, name
     with locked(sweep_dir / f".{PARENT_FILE}.lock"):
         if id_file.is_file() and id_file.read_text().strip():
             return id_file.read_text().strip()
-        client = MlflowClient(tracking_uri=tracking_uri)
+        client = client_for(tracking_uri)
         exp_id = _get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
         run = client.create_run(exp_id, run_name=name, tags={
             "mlflow.runName": name, ROLE_TAG: "parent", "scalelab.multirun_dir": str(sweep_dir)})
         id_file.write_text(run.info.run_id + "\n")
         return run.info.run_id
-
-
-def mark_parent(tracking_uri: str, run_id: str, status: str) -> None:
-    """Give the parent the latest job's outcome (FINISHED / FAILED / KILLED)."""
-    MlflowClient(tracking_uri=tracking_uri).set_terminated(run_id, status)

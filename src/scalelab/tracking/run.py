@@ -1,12 +1,14 @@
 """One MLflow run per training run: create or reopen it, log to it, close it with a status.
 
 Only global rank 0 gets a real ``Tracker``; every other process gets ``NullTracker``, whose
-methods do nothing, so callers never branch on the rank.
+methods do nothing, so callers never branch on the rank. The Tracker lives in the training
+process; metric values reach MLflow through its asynchronous logging (tracking/spool.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -39,16 +41,29 @@ EXPERIMENT_KIND = "custom_model_development"
 # Keep alembic's migration chatter and mlflow's info lines out of the training output.
 for _name in ("alembic", "mlflow", "mlflow.store", "mlflow.tracking"):
     logging.getLogger(_name).setLevel(logging.WARNING)
+# A failed asynchronous batch is reported by the Spool (outage warning or the error itself);
+# MLflow's own error line for it would repeat that once per batch.
+logging.getLogger("mlflow.utils.async_logging").setLevel(logging.CRITICAL)
 
 
-def process_tags(pid: int | None = None) -> dict[str, str]:
-    """Who runs the run (the training process ``pid``, default this one): a RUNNING run whose
-    process is gone can then be found and closed."""
+@functools.cache
+def client_for(tracking_uri: str) -> MlflowClient:
+    """One client per store and process: a multirun's later jobs reuse the open store. A new
+    SQLite store is created and migrated here, once, under a lock (parallel sweep jobs)."""
+    with sqlite_init_lock(tracking_uri):
+        client = MlflowClient(tracking_uri=tracking_uri)
+        client.search_experiments(max_results=1)
+    return client
+
+
+def process_tags() -> dict[str, str]:
+    """Who runs the run (this process): a RUNNING run whose process is gone can then be found
+    and closed."""
     import socket
 
     import psutil
 
-    pid = os.getpid() if pid is None else pid
+    pid = os.getpid()
     return {"scalelab.host": socket.gethostname(), "scalelab.pid": str(pid),
             "scalelab.pid_start": f"{psutil.Process(pid).create_time():.2f}"}
 
@@ -94,20 +109,16 @@ class Tracker(StatusGuarded):
         folder: Path | None = None,
         outage_wait_s: float = 120.0,
         metrics_interval_s: float = 0.0,
-        owner_pid: int | None = None,
     ) -> Tracker:
         """Create a run (or reopen ``resume_run_id``) in ``experiment_name``.
 
         ``folder`` (the run folder) holds the calls an outage kept from the server
         (mlflow_pending.jsonl); ``outage_wait_s`` is how long ``end`` waits for it to return;
-        metric values are sent at most every ``metrics_interval_s`` seconds (see Spool);
-        ``owner_pid`` is the training process, when another process tracks for it.
+        metric values are sent at most every ``metrics_interval_s`` seconds (see Spool).
         """
         probe(tracking_uri, timeout=probe_timeout)
         mlflow.set_tracking_uri(tracking_uri)  # for anything that uses the fluent API
-        with sqlite_init_lock(tracking_uri):  # a new SQLite store is created/migrated here, once
-            client = MlflowClient(tracking_uri=tracking_uri)
-            client.search_experiments(max_results=1)
+        client = client_for(tracking_uri)
         if resume_run_id:
             try:
                 run = client.get_run(resume_run_id)
@@ -120,7 +131,7 @@ class Tracker(StatusGuarded):
             if folder is not None:  # what the last session could not send goes first
                 replay_pending(client, resume_run_id, folder)
             client.update_run(resume_run_id, status="RUNNING")
-            tags = [RunTag(k, v) for k, v in process_tags(owner_pid).items()]
+            tags = [RunTag(k, v) for k, v in process_tags().items()]
             client.log_batch(resume_run_id, tags=tags)
             log.info("resuming MLflow run %s", run.info.run_id)
             return cls(client, resume_run_id, tracking_uri, resumed=True, folder=folder,
@@ -128,7 +139,7 @@ class Tracker(StatusGuarded):
 
         exp_id = _get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
         all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in tags.items()},
-                    **process_tags(owner_pid)}
+                    **process_tags()}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
@@ -261,5 +272,5 @@ def replay_pending(client: MlflowClient, run_id: str, folder: Path) -> int:
     return len(ops)
 
 
-__all__ = ["NullTracker", "Tracker", "is_remote", "process_tags", "remote_env_defaults",
-           "replay_pending"]
+__all__ = ["NullTracker", "Tracker", "client_for", "is_remote", "process_tags",
+           "remote_env_defaults", "replay_pending"]

@@ -9,15 +9,22 @@ line says so. ``flush`` (at the end of the run) waits up to ``wait_s`` for the s
 is still unsent then stays in the file, and ``python -m scalelab.tracking.recover replay
 <run folder>`` or ``scalelab-train resume=true`` sends it later. Nothing is dropped silently.
 
-A call that fails while the server is healthy (a real error: bad value, deleted run) is raised
-as before, and so is any failure of a local store (SQLite/file): there is no outage to wait out.
+A call that fails while the server is healthy (a real error: bad value, deleted run) is raised,
+and so is any failure of a local store (SQLite/file): there is no outage to wait out.
 
-Metric values are sent at most every ``metrics_interval_s`` seconds: the first values go out at
-once, later ones are held and sent together with the next values logged after the interval, or
-before any other call (params, tags, texts, artifacts, the status) and at ``flush``, so order is
-kept. One ``log_batch`` costs about 11 ms of CPU whatever its size (SQLite, measured), which a
-small model logging every 10 steps paid on ~10 % of its steps. A SIGKILLed run loses at most the
-last interval's values; a resume logs them again from its checkpoint.
+Metric values are sent with MLflow's asynchronous logging (``log_batch(synchronous=False)``):
+the write happens on MLflow's logging thread while training goes on. At most one such batch is
+in flight; it is waited for before the next one, before any other call (params, tags, texts,
+artifacts, the status) and at ``flush``, so the calls keep their order and the status comes
+last. A batch that failed because the server is down is kept like any other call; a real error
+is raised at that wait.
+
+Metric values are also sent at most every ``metrics_interval_s`` seconds: the first values go
+out at once, later ones are held and sent together with the next values logged after the
+interval, or before any other call and at ``flush``. Writing a batch costs about 11 ms of CPU
+whatever its size (SQLite), on whichever thread does it; a small model logging every 10 steps
+paid that on ~10 % of its steps. A SIGKILLed run loses at most the last interval's values; a
+resume logs the steps after its checkpoint again.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from mlflow.utils.async_logging.run_operations import RunOperations
 
 from scalelab.tracking.store import TrackingServerUnreachable, is_remote, probe
 
@@ -65,6 +73,8 @@ class Spool:
         self.offline_since: float | None = None
         self._last_try = 0.0
         self._lock = threading.RLock()
+        # the metric batch MLflow is still writing, with the call that made it (kept on failure)
+        self._in_flight: tuple[dict[str, Any], RunOperations] | None = None
 
     # --- the calls the Tracker makes -------------------------------------------------------
     def log_batch(self, metrics: Iterable[Metric] = (), params: Iterable[Param] = (),
@@ -88,7 +98,40 @@ class Spool:
             if self.held:  # the interval counts from the last metric values sent, not other calls
                 rows, self.held = self.held, []
                 self._metrics_sent_at = time.monotonic()
-                self._call({"op": "batch", "metrics": rows, "params": [], "tags": []})
+                self._send_metrics({"op": "batch", "metrics": rows, "params": [], "tags": []})
+
+    def _send_metrics(self, op: dict[str, Any]) -> None:
+        """Hand metric values to MLflow's logging thread (kept like any call while offline)."""
+        self.wait()
+        if self.offline:
+            self._call(op)
+            return
+        metrics = [Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in op["metrics"]]
+        running = self.client.log_batch(self.run_id, metrics=metrics, synchronous=False)
+        if running is not None:
+            self._in_flight = (op, running)
+
+    def wait(self) -> None:
+        """Wait until MLflow has written the metric batch in flight; if the server is down,
+        keep that batch for replay. A real error (a bad value, a deleted run) is raised."""
+        with self._lock:
+            if self._in_flight is None:
+                return
+            op, running = self._in_flight
+            failure: Exception | None = None
+            try:
+                running.wait()
+            except Exception as e:
+                failure = e
+            # cleared only here: a signal that interrupts the wait leaves it for end() to wait on
+            self._in_flight = None
+            if failure is None:
+                return
+            if not self._server_down():
+                raise failure
+            if not self.offline:
+                self._go_offline(failure)
+            self._keep(op)
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.call({"op": "text", "text": text, "file": artifact_file})
@@ -107,6 +150,7 @@ class Spool:
     def call(self, op: dict[str, Any]) -> None:
         with self._lock:
             self.send_held()  # held metric values first: the calls keep their order
+            self.wait()
             self._call(op)
 
     def _call(self, op: dict[str, Any]) -> None:
@@ -182,6 +226,7 @@ class Spool:
         """Replay, waiting up to ``wait_s`` seconds for the server; True when nothing is left."""
         deadline = time.time() + wait_s
         self.send_held()
+        self.wait()
         while not self.try_replay(force=True):
             if time.time() >= deadline:
                 return False

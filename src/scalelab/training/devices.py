@@ -3,7 +3,7 @@
 
 The CLI reads these before the config is validated (torchrun's layout fills
 ``trainer.devices: auto``; a joblib sweep on GPUs claims one device per job), so a config
-error costs no Lightning import, and the tracking process starts before torch loads.
+error costs no Lightning import.
 Strategies themselves live in ``training.distributed``.
 """
 
