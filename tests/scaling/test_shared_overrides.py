@@ -14,15 +14,16 @@ from rich.console import Console
 
 from scalelab.cli.sweep_plan import print_plan
 from scalelab.config.compose import compose
-from scalelab.scaling.launch import (
-    BaseRun,
-    RunSettings,
+from scalelab.scaling.base_run import BaseRun
+from scalelab.scaling.planner import make_plan
+from scalelab.scaling.point_config import (
     check_point_overrides,
     point_overrides,
     train_command,
     write_point_config,
 )
-from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan
+from scalelab.scaling.sweep_settings import RunSettings
+from scalelab.scaling.sweep_spec import FamilyConfig, SweepSpec
 
 BASE = {"vocab_size": 64, "max_seq_len": 32}
 FAMILY = FamilyConfig(head_dim=8, aspect_ratio=16.0, max_layers=4)

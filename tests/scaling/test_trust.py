@@ -24,7 +24,9 @@ from scalelab.scaling.fit_synthetic import (
     with_endpoints,
 )
 from scalelab.scaling.heldout import HeldoutSet, evaluate_checkpoint, loss_and_se, window_losses
-from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan, shape_for
+from scalelab.scaling.planner import make_plan
+from scalelab.scaling.shape_search import shape_for
+from scalelab.scaling.sweep_spec import FamilyConfig, SweepSpec
 from scalelab.scaling.tune import tune_plan
 from scalelab.scaling.tune_fit import fit_lr_law, grid_optimum
 

@@ -64,8 +64,8 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str], dict[st
 
 def _tune_preview(plan: Any, speeds: tuple[dict, dict] | None, settings: Any) -> dict[str, Any]:
     """{round: (its runs before any law is known, their time estimates or None)}."""
-    from scalelab.scaling.plan import estimate_seconds
     from scalelab.scaling.tune import preview_rounds
+    from scalelab.scaling.wall_time import estimate_seconds
 
     return {name: (tp, estimate_seconds(tp, speeds[0], settings.run_overhead_s, speeds[1])
                    if speeds else None)
@@ -83,7 +83,7 @@ def _estimates(plan: Any, base: Any, settings: Any, console: Any
                       f"{base.accelerator}, this process times the CPU[/dim]")
         return None, None
     from scalelab.scaling.heldout import measure_seconds_per_window, score_seconds
-    from scalelab.scaling.plan import estimate_seconds, measure_flops_per_s
+    from scalelab.scaling.wall_time import estimate_seconds, measure_flops_per_s
 
     t0 = time.time()
     # time each size with the threads every parallel run will get (scalelab.runtime's rule)
@@ -142,7 +142,7 @@ def _sweep_settings(cfg: Any, train_ov: list[str], variants: dict[str, list[Any]
                     launch_ov: list[str]) -> tuple[Any, Any, Any]:
     """(SweepSpec, FamilyConfig, RunSettings) of the composed sweep config plus the command's
     training overrides, variant axes and launcher overrides."""
-    from scalelab.scaling.launch import split_settings
+    from scalelab.scaling.sweep_settings import split_settings
 
     spec, family, settings = split_settings(OmegaConf.to_container(cfg.sweep, resolve=True))
     settings.train_overrides += train_ov
@@ -161,12 +161,8 @@ def run(argv: list[str]) -> int:
     from rich.console import Console
 
     from scalelab.config.compose import compose
-    from scalelab.scaling.launch import (
-        build_plan,
-        check_point_overrides,
-        resolve_base,
-        sweep_dir_of,
-    )
+    from scalelab.scaling.base_run import build_plan, resolve_base, sweep_dir_of
+    from scalelab.scaling.point_config import check_point_overrides
 
     args = _parse_args(argv)
     # a wide table even when stdout is a file or a pipe (rich would wrap at 80 columns)
@@ -200,7 +196,7 @@ def run(argv: list[str]) -> int:
 def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
                estimates: list[float] | None, console: Any, t_start: float) -> int:
     """Open the parent run, train the pending points, then collect, fit and report."""
-    from scalelab.scaling.launch import HeldoutScorer
+    from scalelab.scaling.heldout_scorer import HeldoutScorer
     from scalelab.tracking.sweep import HELDOUT_SET_TAG, SweepParent
 
     heldout = _heldout_set(settings, base)  # a set that does not fit fails before any run
@@ -240,7 +236,8 @@ def _train_points(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Pat
     import os
 
     from scalelab.runtime import CONCURRENT_ENV
-    from scalelab.scaling.launch import SweepRunner, save_plan
+    from scalelab.scaling.launch import SweepRunner
+    from scalelab.scaling.plan import save_plan
 
     # each training process sizes its threads as cores // runs sharing them (scalelab.runtime)
     os.environ[CONCURRENT_ENV] = str(_jobs_threads(settings)[0])
@@ -342,13 +339,15 @@ def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, p
     import pandas as pd
 
     from scalelab.cli.fit import print_results
-    from scalelab.scaling.launch import fit_sweep
+    from scalelab.scaling.fit import fit_available
+    from scalelab.scaling.fit_data import FitOptions
     from scalelab.scaling.report import write_report
 
     console.print(f"fitting {len(collected.runs)} runs ({settings.bootstrap} bootstrap resamples)")
-    results, notes = fit_sweep(collected.runs, collected.curves, plan.spec.n_convention,
-                               settings.flops_convention, settings.bootstrap,
-                               f"sweep {settings.name}")
+    options = FitOptions(n_convention=plan.spec.n_convention,
+                         flops_convention=settings.flops_convention, n_boot=settings.bootstrap)
+    results, notes = fit_available(collected.runs, collected.curves, options,
+                                   source=f"sweep {settings.name}")
     lines = [f"[yellow]note:[/yellow] {n}" for n in notes]
     if results is None:
         return [*lines, "[red]no scaling law could be fitted to these runs[/red]"]
