@@ -1,9 +1,9 @@
 """A sweep's shared training overrides never silently replace what the plan sets per point.
 
-Hydra applies command-line key overrides after the point's config group, so before this check
-`scalelab-sweep optim.lr=1e-3` trained every point at 1e-3 while the tune stage's law was recorded,
-and `seed=7` gave every replicate seed 7. Real plans, real Hydra composition of the command the
-point runs get."""
+Hydra applies command-line key overrides after the point's config group, so without this check
+`scalelab-sweep optim.lr=1e-3` would train every point at 1e-3 while the tune stage's law is
+recorded, and `seed=7` would give every replicate seed 7. Real plans, real Hydra composition of
+the command the point runs get."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 10, studies whose answer can be trusted: seed replicates, the replicate bootstrap, one
-FLOPs convention, Approach 1 from real end points, the lr law of the tune stage, variant compute
+"""Studies whose answer can be trusted: seed replicates, the replicate bootstrap, one FLOPs
+convention, Approach 1 from real end points, the lr law of the tune stage, variant compute
 multipliers and the fixed held-out set. Synthetic data of known truth; no mocks."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 10, hyperparameters per size: with two or more tune budgets the laws are fitted in
+"""Hyperparameters per size: with two or more tune budgets the laws are fitted in
 (N, D), and every point gets the lr and batch of its own N and D. Synthetic losses of known
 optimum; real plans, real law.json files; no mocks."""
 

@@ -1,4 +1,4 @@
-"""Issue 10, hyperparameters per size: the tune stage's batch and beta2 rounds, laws per variant,
+"""Hyperparameters per size: the tune stage's batch and beta2 rounds, laws per variant,
 and the plan they produce. Synthetic losses of known optimum; real plans; no mocks."""
 
 from __future__ import annotations

@@ -249,12 +249,12 @@ def _point_payload(p: PlanPoint, plan: Plan) -> dict[str, Any]:
                "base_model": plan.base_model, "identity": plan.identity}
     if p.tokens_per_step != plan.tokens_per_step:  # only then: other points keep their hashes
         payload["tokens_per_step"] = p.tokens_per_step
-    if spec.wsd:  # only then: cosine sweeps keep the hashes they always had
+    if spec.wsd:  # only then: a cosine sweep's ids do not depend on the WSD keys
         payload["wsd"] = {"decay_fraction": spec.wsd_decay_fraction,
                           "fractions": spec.wsd_fractions}
     if p.stage != "main":
         payload["stage"] = p.stage
-    if p.tune_round not in ("", "lr"):  # the lr grid's runs keep the hashes they always had
+    if p.tune_round not in ("", "lr"):  # the lr grid's ids do not depend on the round
         payload["tune_round"] = p.tune_round
     return payload
 

@@ -81,8 +81,8 @@ def point_log_every(steps: int, log_points: int, base: BaseRun) -> int:
     never more often than the base config's (the trainer preset's or the user's override).
 
     A sweep point's steps are small (milliseconds on CPU), and each logged step costs Lightning's
-    logger connector plus the module's and the throughput callback's values: at every 10th step
-    made a 2,000-step cpu_medium point ~15 % slower than every 100th (docs/performance.md)."""
+    logger connector plus the module's and the throughput callback's values, a visible share of
+    such a step when every few steps are logged (docs/performance.md)."""
     return max(base.log_every_n_steps, math.ceil(steps / log_points))
 
 
