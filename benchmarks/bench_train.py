@@ -59,7 +59,7 @@ PRESETS: dict[str, list[str]] = {
     "encoder": ["+experiment=bert_mlm_small"],  # MLM
     "encdec": ["+experiment=reverse_seq2seq"],
     # One point of `scalelab-sweep sweep=cpu_medium` as the sweep runs it: cpu_medium's
-    # train_overrides, then what scaling/launch.py's point_overrides sets for C4e10-N5k in the
+    # train_overrides, then what scaling/point_config.py's point_overrides sets for C4e10-N5k in the
     # latest study (docs/img/cpu_medium_hs: d 12, 2 layers, 7 x 64 tokens a step, its tuned lr,
     # 1,842 steps logged every 19, 4 validations of 2 batches, no progress bar, no best
     # checkpoint). A sweep's steps are this small, so fixed per-step work decides its wall time.

@@ -171,11 +171,11 @@ def test_the_hold_out_intervals_widen_with_the_points_noise():
 
 
 def test_the_sweep_logs_both_hold_out_errors_and_their_intervals():
-    from scalelab.cli.sweep import _extrapolation_line
+    from scalelab.cli.sweep_fit import extrapolation_line
 
     ex = _holdout(0.005)
     metrics: dict[str, float] = {}
-    line = _extrapolation_line(ex, "", "", metrics)
+    line = extrapolation_line(ex, "", "", metrics)
     assert metrics["fit/extrapolation_rel_error"] == ex.rel_error
     assert (metrics["fit/extrapolation_rel_error_lo"], metrics["fit/extrapolation_rel_error_hi"]) == ex.error_ci
     assert metrics["fit/extrapolation_frontier_rel_error_hi"] == ex.frontier_error_ci[1]

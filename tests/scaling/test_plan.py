@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 
 from scalelab.model.config import ModelConfig
-from scalelab.scaling.plan import (
-    FamilyConfig,
-    SweepSpec,
-    make_plan,
-    optimal_size_prior,
-    shape_for,
-    variant_grid,
-)
+from scalelab.scaling.planner import make_plan, variant_grid
+from scalelab.scaling.shape_search import optimal_size_prior, shape_for
+from scalelab.scaling.sweep_spec import FamilyConfig, SweepSpec
 
 BASE = {"vocab_size": 256, "max_seq_len": 128}
 TPS = 16 * 128  # tokens per optimizer step
@@ -151,13 +146,9 @@ def test_corpus_too_small_unless_repeat_allowed():
 def test_point_config_composes_into_the_train_config(tmp_path):
     from scalelab.config.compose import compose
     from scalelab.config.spec import build_spec
-    from scalelab.scaling.launch import (
-        BaseRun,
-        RunSettings,
-        point_overrides,
-        train_command,
-        write_point_config,
-    )
+    from scalelab.scaling.base_run import BaseRun
+    from scalelab.scaling.point_config import point_overrides, train_command, write_point_config
+    from scalelab.scaling.sweep_settings import RunSettings
 
     plan = _plan(budgets=[3e12], sizes_per_budget=3, size_span=4.0)
     p = plan.points[1]
@@ -254,12 +245,9 @@ def test_wsd_off_keeps_the_cosine_point_hashes():
 
 def test_wsd_point_configs_compose_into_main_and_branch_runs(tmp_path):
     from scalelab.config.compose import compose
-    from scalelab.scaling.launch import (
-        BaseRun,
-        RunSettings,
-        point_overrides,
-        write_point_config,
-    )
+    from scalelab.scaling.base_run import BaseRun
+    from scalelab.scaling.point_config import point_overrides, write_point_config
+    from scalelab.scaling.sweep_settings import RunSettings
 
     plan = _plan(budgets=[3e12], sizes_per_budget=3, size_span=4.0, wsd=True,
                  wsd_fractions=[0.5, 1.0])

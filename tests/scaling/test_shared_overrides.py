@@ -1,9 +1,9 @@
 """A sweep's shared training overrides never silently replace what the plan sets per point.
 
-Hydra applies command-line key overrides after the point's config group, so before this check
-`scalelab-sweep optim.lr=1e-3` trained every point at 1e-3 while the tune stage's law was recorded,
-and `seed=7` gave every replicate seed 7. Real plans, real Hydra composition of the command the
-point runs get."""
+Hydra applies command-line key overrides after the point's config group, so without this check
+`scalelab-sweep optim.lr=1e-3` would train every point at 1e-3 while the tune stage's law is
+recorded, and `seed=7` would give every replicate seed 7. Real plans, real Hydra composition of
+the command the point runs get."""
 
 from __future__ import annotations
 
@@ -14,15 +14,16 @@ from rich.console import Console
 
 from scalelab.cli.sweep_plan import print_plan
 from scalelab.config.compose import compose
-from scalelab.scaling.launch import (
-    BaseRun,
-    RunSettings,
+from scalelab.scaling.base_run import BaseRun
+from scalelab.scaling.planner import make_plan
+from scalelab.scaling.point_config import (
     check_point_overrides,
     point_overrides,
     train_command,
     write_point_config,
 )
-from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan
+from scalelab.scaling.sweep_settings import RunSettings
+from scalelab.scaling.sweep_spec import FamilyConfig, SweepSpec
 
 BASE = {"vocab_size": 64, "max_seq_len": 32}
 FAMILY = FamilyConfig(head_dim=8, aspect_ratio=16.0, max_layers=4)

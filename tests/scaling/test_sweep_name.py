@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalelab.scaling.launch import RunSettings
+from scalelab.scaling.sweep_settings import RunSettings
 
 
 @pytest.mark.parametrize("name", ["../../x", "..", ".", ".hidden", "a/b", "a\\b", ""])

@@ -1,5 +1,5 @@
-"""Issue 10, studies whose answer can be trusted: seed replicates, the replicate bootstrap, one
-FLOPs convention, Approach 1 from real end points, the lr law of the tune stage, variant compute
+"""Studies whose answer can be trusted: seed replicates, the replicate bootstrap, one FLOPs
+convention, Approach 1 from real end points, the lr law of the tune stage, variant compute
 multipliers and the fixed held-out set. Synthetic data of known truth; no mocks."""
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from scalelab.scaling.fit_synthetic import (
     with_endpoints,
 )
 from scalelab.scaling.heldout import HeldoutSet, evaluate_checkpoint, loss_and_se, window_losses
-from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan, shape_for
+from scalelab.scaling.planner import make_plan
+from scalelab.scaling.shape_search import shape_for
+from scalelab.scaling.sweep_spec import FamilyConfig, SweepSpec
 from scalelab.scaling.tune import tune_plan
 from scalelab.scaling.tune_fit import fit_lr_law, grid_optimum
 

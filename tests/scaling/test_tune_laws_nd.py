@@ -1,4 +1,4 @@
-"""Issue 10, hyperparameters per size: with two or more tune budgets the laws are fitted in
+"""Hyperparameters per size: with two or more tune budgets the laws are fitted in
 (N, D), and every point gets the lr and batch of its own N and D. Synthetic losses of known
 optimum; real plans, real law.json files; no mocks."""
 
@@ -13,8 +13,10 @@ import pytest
 from rich.console import Console
 
 from scalelab.cli.sweep_plan import print_plan
-from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan, read_laws
+from scalelab.scaling.laws import read_laws
+from scalelab.scaling.planner import make_plan
 from scalelab.scaling.stage import law_tags
+from scalelab.scaling.sweep_spec import FamilyConfig, SweepSpec
 from scalelab.scaling.tune import VariantTune, batch_round, beta2_round, tune_bases
 from scalelab.scaling.tune_fit import PowerLaw, fit_power_law
 

@@ -1,4 +1,4 @@
-"""Issue 10, hyperparameters per size: the tune stage's batch and beta2 rounds, laws per variant,
+"""Hyperparameters per size: the tune stage's batch and beta2 rounds, laws per variant,
 and the plan they produce. Synthetic losses of known optimum; real plans; no mocks."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan, round_batch
+from scalelab.scaling.plan import round_batch
+from scalelab.scaling.planner import make_plan
 from scalelab.scaling.stage import law_tags
+from scalelab.scaling.sweep_spec import FamilyConfig, SweepSpec
 from scalelab.scaling.tune import (
     VariantTune,
     batch_round,
@@ -308,13 +310,9 @@ def test_bad_tune_rounds_fail_with_one_clear_line(kw, match):
 def test_a_tuned_point_trains_at_its_batch_beta2_and_steps(tmp_path):
     from scalelab.config.compose import compose
     from scalelab.config.spec import build_spec
-    from scalelab.scaling.launch import (
-        BaseRun,
-        RunSettings,
-        point_overrides,
-        train_command,
-        write_point_config,
-    )
+    from scalelab.scaling.base_run import BaseRun
+    from scalelab.scaling.point_config import point_overrides, train_command, write_point_config
+    from scalelab.scaling.sweep_settings import RunSettings
 
     plan = _plan().with_hparams(
         {"default": {"batch": {"coef": 40.0, "exponent": 0.0}, "beta2": 0.95}}

@@ -57,7 +57,8 @@ def test_points_launch_longest_first_and_keep_plan_order_without_estimates() -> 
 
 
 def _small_plan():
-    from scalelab.scaling.plan import FamilyConfig, SweepSpec, make_plan
+    from scalelab.scaling.planner import make_plan
+    from scalelab.scaling.sweep_spec import FamilyConfig, SweepSpec
 
     spec = SweepSpec(budgets=[2e9], sizes_per_budget=2, size_span=4.0)
     family = FamilyConfig(head_dim=8, aspect_ratio=16, max_layers=2)
@@ -94,7 +95,7 @@ def test_scoring_time_scales_to_the_windows_the_held_out_set_really_has() -> Non
 
 
 def test_the_estimate_adds_each_points_scoring_time() -> None:
-    from scalelab.scaling.plan import estimate_seconds
+    from scalelab.scaling.wall_time import estimate_seconds
 
     plan = _small_plan()
     keys = {(p.n_layers, p.d_model, p.variant) for p in plan.points}

@@ -23,6 +23,13 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from scalelab.cli.sweep_estimate import (
+    estimate_points,
+    estimates_after_tune,
+    jobs_threads,
+    tune_preview,
+)
+from scalelab.cli.sweep_fit import fit_and_report
 from scalelab.cli.sweep_plan import fmt_seconds, print_plan
 from scalelab.data.files import atomic_write_text
 
@@ -62,72 +69,6 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str], dict[st
     return sweep_ov, train_ov, variants, launch_ov
 
 
-def _tune_preview(plan: Any, speeds: tuple[dict, dict] | None, settings: Any) -> dict[str, Any]:
-    """{round: (its runs before any law is known, their time estimates or None)}."""
-    from scalelab.scaling.plan import estimate_seconds
-    from scalelab.scaling.tune import preview_rounds
-
-    return {name: (tp, estimate_seconds(tp, speeds[0], settings.run_overhead_s, speeds[1])
-                   if speeds else None)
-            for name, tp in preview_rounds(plan).items()}
-
-
-def _estimates(plan: Any, base: Any, settings: Any, console: Any
-               ) -> tuple[list[float] | None, tuple[dict, dict] | None]:
-    """(each point's estimated seconds, (training FLOP/s, held-out scoring seconds) per
-    shape), or (None, None)."""
-    if not settings.estimate_time:
-        return None, None
-    if base.accelerator not in ("cpu", "auto"):
-        console.print(f"[dim]no wall-time estimate: the runs use accelerator="
-                      f"{base.accelerator}, this process times the CPU[/dim]")
-        return None, None
-    from scalelab.scaling.heldout import measure_seconds_per_window, score_seconds
-    from scalelab.scaling.plan import estimate_seconds, measure_flops_per_s
-
-    t0 = time.time()
-    # time each size with the threads every parallel run will get (scalelab.runtime's rule)
-    threads = base.cfg.train.num_threads or _jobs_threads(settings)[1]
-    fps = measure_flops_per_s(plan, base.micro_batch, threads=threads)
-    console.print(f"[dim]measured training throughput of {len(fps)} sizes in "
-                  f"{time.time() - t0:.1f} s: {min(fps.values()):.2g}-{max(fps.values()):.2g} "
-                  "FLOP/s[/dim]")
-    score: dict = {}
-    if settings.heldout_tokens:
-        t0 = time.time()
-        # the sweep process scores each run's checkpoint with 1 thread while others train
-        score = score_seconds(measure_seconds_per_window(plan, threads=1),
-                              settings.heldout_tokens, plan.seq_len)
-        console.print(f"[dim]measured held-out scoring of {len(score)} sizes in "
-                      f"{time.time() - t0:.1f} s: {min(score.values()):.1f}-"
-                      f"{max(score.values()):.1f} s a run on {settings.heldout_tokens:,} "
-                      "tokens[/dim]")
-    return estimate_seconds(plan, fps, settings.run_overhead_s, score), (fps, score)
-
-
-def _parallel_jobs(settings: Any) -> int:
-    """Runs at a time: hydra.launcher.n_jobs of the joblib launcher (its default: one per
-    core), else 1. The threads per run follow from it (_jobs_threads), so the joblib presets
-    set neither n_jobs nor train.num_threads."""
-    if settings.launcher != "hydra" or settings.hydra_launcher != "joblib":
-        return 1
-    n = -1  # the joblib preset's default: one job per core
-    for o in settings.launcher_overrides:
-        if o.startswith("hydra.launcher.n_jobs="):
-            n = int(o.split("=", 1)[1])
-    import os
-
-    return max(1, os.cpu_count() or 1) if n < 1 else n
-
-
-def _jobs_threads(settings: Any) -> tuple[int, int]:
-    """(runs at a time, torch threads each): cores // runs, the rule scalelab-train applies
-    when SCALELAB_CONCURRENT_PROCS tells it how many runs share the cores."""
-    from scalelab.runtime import jobs_and_threads
-
-    return jobs_and_threads(_parallel_jobs(settings))
-
-
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="scalelab-sweep", description=__doc__.split("\n\n")[0],
@@ -142,7 +83,7 @@ def _sweep_settings(cfg: Any, train_ov: list[str], variants: dict[str, list[Any]
                     launch_ov: list[str]) -> tuple[Any, Any, Any]:
     """(SweepSpec, FamilyConfig, RunSettings) of the composed sweep config plus the command's
     training overrides, variant axes and launcher overrides."""
-    from scalelab.scaling.launch import split_settings
+    from scalelab.scaling.sweep_settings import split_settings
 
     spec, family, settings = split_settings(OmegaConf.to_container(cfg.sweep, resolve=True))
     settings.train_overrides += train_ov
@@ -161,12 +102,8 @@ def run(argv: list[str]) -> int:
     from rich.console import Console
 
     from scalelab.config.compose import compose
-    from scalelab.scaling.launch import (
-        build_plan,
-        check_point_overrides,
-        resolve_base,
-        sweep_dir_of,
-    )
+    from scalelab.scaling.base_run import build_plan, resolve_base, sweep_dir_of
+    from scalelab.scaling.point_config import check_point_overrides
 
     args = _parse_args(argv)
     # a wide table even when stdout is a file or a pipe (rich would wrap at 80 columns)
@@ -186,9 +123,9 @@ def run(argv: list[str]) -> int:
     base = resolve_base(settings.train_overrides)
     plan = build_plan(spec, family, settings, base)
     check_point_overrides(plan, spec, settings, base)
-    estimates, speeds = _estimates(plan, base, settings, console)
-    tune = _tune_preview(plan, speeds, settings) if spec.tune_lr_factors else None
-    print_plan(plan, estimates, console, _jobs_threads(settings)[0], tune)
+    estimates, speeds = estimate_points(plan, base, settings, console)
+    tune = tune_preview(plan, speeds, settings) if spec.tune_lr_factors else None
+    print_plan(plan, estimates, console, jobs_threads(settings)[0], tune)
     sweep_dir = sweep_dir_of(settings, base)
     if args.plan_only or settings.plan_only:
         console.print(f"plan only: nothing ran. Run it with: scalelab-sweep "
@@ -200,7 +137,7 @@ def run(argv: list[str]) -> int:
 def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
                estimates: list[float] | None, console: Any, t_start: float) -> int:
     """Open the parent run, train the pending points, then collect, fit and report."""
-    from scalelab.scaling.launch import HeldoutScorer
+    from scalelab.scaling.heldout_scorer import HeldoutScorer
     from scalelab.tracking.sweep import HELDOUT_SET_TAG, SweepParent
 
     heldout = _heldout_set(settings, base)  # a set that does not fit fails before any run
@@ -223,7 +160,7 @@ def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
     collected = _collect(parent, plan, spec, settings, sweep_dir)
     fit_lines: list[str] = []
     if settings.fit and not collected.runs.empty:
-        fit_lines = _fit_and_report(collected, plan, settings, sweep_dir, parent, console, tuned)
+        fit_lines = fit_and_report(collected, plan, settings, sweep_dir, parent, console, tuned)
     wall = time.time() - t_start
     parent.log_metrics({"sweep/points": len(plan.points), "sweep/finished": len(collected.runs),
                         "sweep/failed": len(outcome.failed), "sweep/wall_seconds": wall,
@@ -240,10 +177,11 @@ def _train_points(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Pat
     import os
 
     from scalelab.runtime import CONCURRENT_ENV
-    from scalelab.scaling.launch import SweepRunner, save_plan
+    from scalelab.scaling.launch import SweepRunner
+    from scalelab.scaling.plan import save_plan
 
     # each training process sizes its threads as cores // runs sharing them (scalelab.runtime)
-    os.environ[CONCURRENT_ENV] = str(_jobs_threads(settings)[0])
+    os.environ[CONCURRENT_ENV] = str(jobs_threads(settings)[0])
     tuned = None
     if spec.tune_lr_factors:
         from scalelab.scaling.stage import run_tune_stage
@@ -251,7 +189,7 @@ def _train_points(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Pat
         plan, tuned = run_tune_stage(plan, spec, settings, base, sweep_dir, parent, scorer,
                                      console.print)
         print_plan(plan, None, console)
-        after_tune = _estimates_after_tune(plan, tuned, settings, parent, console)
+        after_tune = estimates_after_tune(plan, tuned, settings, parent, console)
         estimates = after_tune if tuned is not None else estimates
     plan_files = save_plan(plan, sweep_dir, estimates)
     for path in plan_files.values():
@@ -263,24 +201,6 @@ def _train_points(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Pat
     if scorer is not None:
         scorer.score_all(plan.points)
     return plan, outcome, tuned
-
-
-def _estimates_after_tune(plan: Any, tuned: Any, settings: Any, parent: Any,
-                          console: Any) -> list[float] | None:
-    """Each point's seconds from the tune runs' wall times (scaling/wall_time.py), printed
-    and tagged on the parent; None without a tune stage or an estimate."""
-    from scalelab.scaling.wall_time import fit_run_times
-
-    model = fit_run_times(tuned.runs) if tuned is not None and settings.estimate_time else None
-    if model is None:
-        return None
-    secs = [model.seconds(p) for p in plan.points]
-    jobs = _jobs_threads(settings)[0]
-    minutes = sum(secs) / jobs / 60
-    console.print(f"estimated wall time of the {len(secs)} points: {sum(secs) / 60:.1f} min one run "
-                  f"after another; {minutes:.1f} min with {jobs} runs at a time ({model.describe()})")
-    parent.set_tags({"sweep_estimate_after_tune_min": f"{minutes:.1f}"})
-    return secs
 
 
 def _collect(parent: Any, plan: Any, spec: Any, settings: Any, sweep_dir: Path) -> Any:
@@ -296,35 +216,6 @@ def _collect(parent: Any, plan: Any, spec: Any, settings: Any, sweep_dir: Path) 
     return collected
 
 
-def _extrapolation_line(ex: Any, tag: str, prefix: str, metrics: dict[str, float]) -> str:
-    """The hold-out check's summary line; its errors go into ``metrics``."""
-    if ex is None:
-        return f"extrapolation{tag}: needs >= 3 budgets (and >= 5 runs below the largest)"
-    from scalelab.scaling.fit_holdout import fmt_error
-
-    for name, err, ci in (("extrapolation_rel_error", ex.rel_error, ex.error_ci),
-                          ("extrapolation_frontier_rel_error", ex.frontier_error, ex.frontier_error_ci)):
-        metrics[f"fit/{prefix}{name}"] = err
-        if ci[0] == ci[0]:  # not nan: the bootstrap ran
-            metrics[f"fit/{prefix}{name}_lo"], metrics[f"fit/{prefix}{name}_hi"] = ci
-    check = ""
-    if ex.frontier_dof > 0:  # is that power law itself borne out by all the minima?
-        metrics[f"fit/{prefix}frontier_power_law_p"] = ex.frontier_p
-        check = f" (one power law through all the minima: p = {ex.frontier_p:.2g})"
-    return (f"extrapolation{tag}: fit without C={ex.held_out_budget:.3g} predicts "
-            f"{ex.predicted_loss:.4f}, actual {ex.actual_loss:.4f} ({ex.actual_source}): error "
-            f"{fmt_error(ex.rel_error, ex.error_ci)}; the power law through the other IsoFLOP "
-            f"minima: {fmt_error(ex.frontier_error, ex.frontier_error_ci)}{check}")
-
-
-def _form_line(form: Any, tag: str, prefix: str, metrics: dict[str, float]) -> str:
-    """Approach 3's goodness of fit (scaling.form_check); its numbers go into ``metrics``."""
-    metrics[f"fit/{prefix}approach3_rms_residual"] = form.rms
-    metrics[f"fit/{prefix}approach3_chi2_per_dof"] = (form.chi2 / form.dof if form.measured
-                                                      else float("nan"))
-    return f"Approach 3 form check{tag}: {form.sentence()}"
-
-
 def _heldout_set(settings: Any, base: Any) -> Any:
     if not settings.heldout_tokens:
         return None
@@ -334,62 +225,6 @@ def _heldout_set(settings: Any, base: Any) -> Any:
     from scalelab.scaling.heldout import HeldoutSet
 
     return HeldoutSet.from_tokens(base.val_tokens, base.block_size, settings.heldout_tokens)
-
-
-def _fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, parent: Any,
-                    console: Any, tuned: Any = None) -> list[str]:
-    """Fit (approaches 1-3 as the data allows), write the report, log both to the parent."""
-    import pandas as pd
-
-    from scalelab.cli.fit import print_results
-    from scalelab.scaling.launch import fit_sweep
-    from scalelab.scaling.report import write_report
-
-    console.print(f"fitting {len(collected.runs)} runs ({settings.bootstrap} bootstrap resamples)")
-    results, notes = fit_sweep(collected.runs, collected.curves, plan.spec.n_convention,
-                               settings.flops_convention, settings.bootstrap,
-                               f"sweep {settings.name}")
-    lines = [f"[yellow]note:[/yellow] {n}" for n in notes]
-    if results is None:
-        return [*lines, "[red]no scaling law could be fitted to these runs[/red]"]
-    print_results(results)
-    report_dir = sweep_dir / "report"
-    files = write_report(results, report_dir, plan=pd.DataFrame(plan.rows()), tune=tuned,
-                         runs_detail=collected.runs, lr_law=plan.lr_law,
-                         laws_from=(plan.spec.laws_from, plan.tuned)
-                         if plan.spec.laws_from and plan.tuned and tuned is None else None)
-    parent.log_artifacts(report_dir, "report")
-    metrics = {}
-    for name, vf in results.variants.items():
-        prefix = "" if len(results.variants) == 1 else f"{name}/"
-        for key, est in vf.estimates.items():
-            metrics[f"fit/{prefix}{key}"] = est.value
-        ex = vf.extrapolation
-        tag = f" [{name}]" if len(results.variants) > 1 else ""
-        e = vf.estimates
-        for label, keys in (("Approach 1", ("approach1.a", "approach1.b")),
-                            ("Approach 2", ("approach2.a", "approach2.b"))):
-            if keys[0] in e:
-                lines.append(f"{label}{tag}: N_opt ∝ C^a, a = {e[keys[0]].fmt()}; "
-                             f"D_opt ∝ C^b, b = {e[keys[1]].fmt()}")
-        if "approach3.alpha" in e:
-            lines.append(f"Approach 3{tag}: L = E + A/N^α + B/D^β: α = {e['approach3.alpha'].fmt()}, "
-                         f"β = {e['approach3.beta'].fmt()}, E = {e['approach3.E'].fmt()}"
-                         if "approach3.E" in e else
-                         f"Approach 3{tag}: α = {e['approach3.alpha'].fmt()}, "
-                         f"β = {e['approach3.beta'].fmt()}")
-        if vf.form is not None:
-            lines.append(_form_line(vf.form, tag, prefix, metrics))
-        for k in ("approach2.tokens_per_param", "approach3.tokens_per_param",
-                  "approach1.tokens_per_param"):
-            if k in e:
-                lines.append(f"compute-optimal tokens/param{tag} at C={results.reference_compute:.3g}"
-                             f" ({k.split('.')[0]}): {e[k].fmt()}")
-                break
-        lines.append(_extrapolation_line(ex, tag, prefix, metrics))
-    parent.log_metrics({k: v for k, v in metrics.items() if v == v})
-    lines.append(f"report       : {report_dir / 'report.md'} ({len(files)} files)")
-    return lines
 
 
 def argv_without_plan_only(overrides: list[str]) -> list[str]:

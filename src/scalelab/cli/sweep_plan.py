@@ -14,7 +14,7 @@ def fmt_seconds(s: float) -> str:
 
 def print_plan(plan: Any, estimates: list[float] | None, console: Any,
                parallel: int = 1, tune: dict[str, Any] | None = None) -> None:
-    """The plan table and its settings; ``tune``: the tune rounds' preview (see _tune_preview)."""
+    """The plan table and its settings; ``tune``: the tune rounds' preview (see sweep_estimate.tune_preview)."""
     from rich.table import Table
 
     multi = len(plan.variants) > 1

@@ -1,6 +1,6 @@
 """Scaling-law studies: fit (Chinchilla approaches 1-3) and report.
 
-plan.py / collect.py (sweep planning and MLflow collection) build on this API::
+`scalelab-fit` and the sweep (planner.py, launch.py, collect.py) build on this API::
 
     from scalelab.scaling import FitOptions, fit_scaling_laws, write_report
 """

@@ -19,7 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from .plan import Plan, SweepSpec
+from .plan import Plan
+from .sweep_spec import SweepSpec
 from .tune import Round, VariantTune, active_rounds
 from .tune_fit import per_variant
 from .tune_plot import plot_hparams, plot_tune
@@ -114,7 +115,8 @@ def run_tune_stage(
 def _train_round(rnd: Round, tp: Plan, ctx: _Context) -> tuple[pd.DataFrame, dict[str, str]]:
     """Train a round's pending runs; its finished runs with the round's grid columns."""
     from .collect import collect
-    from .launch import SweepRunner, save_plan
+    from .launch import SweepRunner
+    from .plan import save_plan
 
     folder = ctx.sweep_dir / "tune" / ("" if rnd.name == "lr" else rnd.name)
     ctx.echo(

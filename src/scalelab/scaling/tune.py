@@ -28,7 +28,8 @@ from typing import Any
 
 import pandas as pd
 
-from .plan import Plan, PlanPoint, SweepSpec
+from .plan import Plan, PlanPoint
+from .sweep_spec import SweepSpec
 from .tune_fit import Beta2Choice, PowerLaw, choose_beta2, fit_lr_law, fit_power_law
 
 
