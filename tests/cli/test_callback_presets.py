@@ -1,4 +1,4 @@
-"""Callbacks as a Hydra group (issue 12): presets in conf/callbacks/ picked from the command line
+"""Callbacks as a Hydra group: presets in conf/callbacks/ picked from the command line
 (`callbacks=early_stopping`, `'callbacks=[early_stopping,lr_monitor]'`), inline
 `+callbacks.<name>={_target_: ...}` entries, and the one-line refusals of entries that cannot be built.
 

@@ -1,4 +1,4 @@
-"""No failure damages another run or leaves a trusted-but-broken file (issue 11, faults 2 and 3).
+"""No failure damages another run or leaves a trusted-but-broken file.
 
 Real `scalelab-train` processes on a real finished run (trained once per module, copied per
 test with its SQLite MLflow store): a `ckpt_path=` with another shape, a truncated last.ckpt, a

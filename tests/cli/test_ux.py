@@ -1,4 +1,4 @@
-"""A researcher's first hour (issue 12): any Lightning option, run names, counts like 5e6.
+"""A researcher's first hour: any Lightning option, run names, counts like 5e6.
 
 Fast tests compose real configs through Hydra; the slow ones run `scalelab-train` for real.
 """
@@ -129,7 +129,7 @@ def test_resuming_a_finished_run_logs_nothing_twice(tmp_path: Path, train_cli) -
     args = [*TINY, *train_cli.isolated(tmp_path), "train.val_every=5", "run_name=done"]
     first = train_cli.run(*args, "train.max_steps=12", timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
-    # a finished run is reopened only to add steps (issue 11); its final values are replaced
+    # a finished run is reopened only to add steps; its final values are replaced
     again = train_cli.run(*args, "train.max_steps=16", "resume=true", timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "dataloader is not resumable" not in again.stdout + again.stderr

@@ -1,4 +1,4 @@
-"""Killed sweep points are reported as killed and resumed by a rerun (issue 11, faults 1, 5, 6).
+"""Killed sweep points are reported as killed and resumed by a rerun.
 
 One sweep of two points: SIGTERM to the first point's training process after its first
 periodic checkpoint (sweeps set save_best=false, which must not turn off last.ckpt): the point

@@ -44,7 +44,7 @@ def test_csv_fit_writes_report(tmp_path):
 
 def test_fit_what_can_be_fitted(tmp_path):
     """Intermediate curve points never feed Approach 1, and one budget cannot give Approach 2:
-    both are named with the reason, Approach 3 is fitted, exit 0 (issue 12)."""
+    both are named with the reason, Approach 3 is fitted, exit 0."""
     runs = isoflop_runs(budgets=(1e17,), sizes_per_budget=7, noise=0.003, seed=0)
     runs.to_csv(tmp_path / "runs.csv", index=False)
     loss_curves(runs, points_per_run=10).to_csv(tmp_path / "curves.csv", index=False)

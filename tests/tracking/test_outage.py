@@ -1,4 +1,4 @@
-"""A tracking-server outage mid-run does not kill training (issue 11, fault 4).
+"""A tracking-server outage mid-run does not kill training.
 
 A real `mlflow server` (SQLite store, fixed port) is SIGKILLed while a run trains, stays down
 ~20 s, and is started again on the same port and store. The run must finish, with every

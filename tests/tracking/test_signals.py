@@ -1,4 +1,4 @@
-"""Signals end a run truthfully, through the real CLI and real signals (issue 11, fault 1).
+"""Signals end a run truthfully, through the real CLI and real signals.
 
 SIGTERM -> checkpoint at a step boundary, MLflow KILLED, summary.json KILLED, exit 143, and the
 printed resume command continues the same MLflow run. SIGUSR1 under SLURM -> the same, plus a

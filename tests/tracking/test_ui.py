@@ -65,7 +65,7 @@ def test_ui_serves_the_store(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=20)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # any leftover worker of this session
+            os.killpg(proc.pid, signal.SIGKILL)  # any leftover worker of this process group
     assert f"open {url}" in out
 
 

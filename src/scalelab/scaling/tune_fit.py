@@ -7,7 +7,7 @@ is seen at several token counts D, and the fit is a plane: x*(N, D) = coef * N^e
 D^d_exponent. One budget cannot separate the two, since along an IsoFLOP curve D ~ C / N, and
 the optimal lr falls and the optimal batch grows with the training horizon. Neither law carries
 far beyond the tuned budgets: on cpu_medium a plane fitted at 4e9 and 4e10 made the 4e11 points
-up to 3.9 % worse (docs/scaling-study.md, eleventh session). beta2 is one value
+up to 3.9 % worse (docs/scaling-study.md). beta2 is one value
 per variant: the grid value with the lowest mean excess loss over the sizes. Pure numpy/pandas;
 no training, no MLflow.
 """

@@ -128,7 +128,7 @@ class Tracker(StatusGuarded):
                     f"not in {tracking_uri}: {e.message}. Resume against the store the run was "
                     "created in (logger.tracking_uri=...), or delete mlflow_run_id to start a new run."
                 ) from None
-            if folder is not None:  # what the last session could not send goes first
+            if folder is not None:  # what the previous attempt could not send goes first
                 replay_pending(client, resume_run_id, folder)
             client.update_run(resume_run_id, status="RUNNING")
             tags = [RunTag(k, v) for k, v in process_tags().items()]
