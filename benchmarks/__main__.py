@@ -1,16 +1,10 @@
-"""``python -m benchmarks [train] [OPTIONS] [-- OVERRIDES]``: the training bench (make bench).
+"""``python -m benchmarks [train] [OPTIONS] [-- OVERRIDES]`` (make bench): the training bench.
 
 Three sides per preset, in turns on the same batches and config: (1) a hand-written GPT in a
 plain torch loop, (2) scalelab's Transformer in that loop, (3) the whole ``scalelab-train``.
-Prints tokens/s of each side, (2)/(1), (3)/(2), time to first step and the share of a default
+Prints each side's tokens/s, (2)/(1), (3)/(2), time to first step and the share of a default
 run spent on validation, samples and checkpoints; exits 1 when a figure misses its target.
-
-    python -m benchmarks                        # quick: 2 presets, 1 round
-    python -m benchmarks --full --json out.json # every preset, 3 rounds
-    python -m benchmarks --compare /work/baseline --presets sweep_point
-    python -m benchmarks --to-loss --presets shakespeare_char
-    python -m benchmarks --gpu                  # GPT-2 124M / Llama 124M, bf16, compile
-    python -m benchmarks prepare                # data preparation vs tiktoken alone
+``--compare PATH`` runs side (3) of the checkout at PATH (old) and of this one (new) in turns.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ MODES = {  # presets, rounds, platform steps per run, optimizer steps per turn
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0],
-                                 epilog="Overrides after -- go to every side (e.g. -- train.max_steps=300).")
+                                 epilog="Hydra overrides after -- go to every side.")
     ap.add_argument("--full", action="store_true", help="every CPU preset, 3 rounds, 300 steps")
     ap.add_argument("--gpu", action="store_true", help="GPU presets: bf16, torch.compile, fused AdamW")
     ap.add_argument("--presets", help="comma-separated presets (default: the mode's)")
@@ -44,8 +38,8 @@ def parser() -> argparse.ArgumentParser:
                     help="side (3) of the checkout at PATH (old) against this one (new), in turns")
     ap.add_argument("--to-loss", action="store_true",
                     help="wall time for the platform to reach the reference's val loss")
-    ap.add_argument("--loss-tolerance", type=float, help="--to-loss: how far above the reference's "
-                    "val loss counts as reached (default 0.005; 0: strictly at most)")
+    ap.add_argument("--loss-tolerance", type=float,
+                    help="--to-loss: val loss above the reference's that counts as reached (0.005)")
     ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")],
                     help="--to-loss: a seed a round, both sides (e.g. 1337,1,2)")
     ap.add_argument("--ref-own-init", action="store_true",
@@ -81,10 +75,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> tuple[list[dict[str, Any]
     from benchmarks import harness, to_loss, verdict
     from benchmarks.presets import PRESET_THREADS, preset_overrides
 
+    if args.gpu and not torch.cuda.is_available():
+        raise ValueError("--gpu: no CUDA device here")
     presets, rounds, steps, turn = plan(args)
     for name in presets:
         preset_overrides(name, gpu=args.gpu)  # an unknown preset fails before any run
-    default_threads = args.threads or torch.get_num_threads()
+    default_threads = torch.get_num_threads()
     results = []
     with tempfile.TemporaryDirectory(prefix="scalelab-bench-") as tmp:
         for name in presets:
@@ -103,8 +99,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> tuple[list[dict[str, Any]
                 results.append(harness.bench_preset(name, rounds, steps, Path(tmp), threads, args.gpu,
                                                     extra, turn))
     if args.to_loss:
-        return results, to_loss.misses(results), to_loss.table(results)
-    table = verdict.compare_table(results) if args.compare else verdict.table(results)
+        return results, to_loss.misses(results), verdict.table(results, to_loss.COLUMNS)
+    table = verdict.table(results, verdict.COMPARE if args.compare else verdict.THREE_SIDES)
     for r in results:
         if r.get("platform_mfu") is not None:
             table += (f"\n  {r['preset']} on {r['device']}: steady-state MFU " + ", ".join(
@@ -113,32 +109,18 @@ def run(args: argparse.Namespace, extra: list[str]) -> tuple[list[dict[str, Any]
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["prepare"]:
-        from benchmarks import prepare
-
-        prepare.main(argv[1:])
-        return 0
-    try:
-        args, extra = parse(argv)
-    except ValueError as e:
-        print(f"benchmarks: {e}", file=sys.stderr)
-        return 2
-    import torch
-
-    if args.gpu and not torch.cuda.is_available():
-        print("benchmarks --gpu: no CUDA device here", file=sys.stderr)
-        return 2
     t0 = time.time()
     try:
+        args, extra = parse(argv)
         results, missed, table = run(args, extra)
-    except (ValueError, RuntimeError) as e:  # a bad preset, or a run that failed (its log's end)
+    except (ValueError, RuntimeError) as e:  # bad input, or a run that failed (its log's end)
         print(f"benchmarks: {e}", file=sys.stderr)
         return 2
     print(table)
     for m in missed:
         print(f"  BELOW TARGET {m}")
     if args.json:
-        args.json.write_text(json.dumps({"argv": argv, "torch": torch.__version__, "presets": results,
+        args.json.write_text(json.dumps({"argv": argv, "presets": results,
                                          "missed": missed, "seconds": time.time() - t0}, indent=2) + "\n")
     print(f"benchmarks: {time.time() - t0:.0f} s, {'targets met' if not missed else 'targets missed'}")
     return 1 if missed else 0

@@ -1,16 +1,14 @@
 """The training bench: three sides measured in the same seconds, or two checkouts' platforms.
 
-Per preset and round, one ``scalelab-train`` run (side 3) takes turns with the bench: after
-each of its turns of optimizer steps, the bench runs the same number of steps of (2) scalelab's
-``Transformer`` and (1) the hand-written reference (benchmarks/reference_gpt.py) in a plain loop
-on the run's own batches, then hands the turn back. So A B C A B C ...: a change of the
-machine's load hits all three alike. ``compare`` makes two checkouts' runs take turns the same
-way, one step each.
+Per preset and round, a ``scalelab-train`` run (3) takes turns with the bench: after each of its
+turns, the bench runs as many steps of (2) scalelab's ``Transformer`` and (1) the hand-written
+reference in a plain loop on the run's batches, then hands the turn back (A B C A B C ...), so a
+change of the machine's load hits all three alike. ``compare_preset`` makes two checkouts' runs
+take turns the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +21,15 @@ from benchmarks.presets import ROOT, prepare_preset, preset_overrides
 from benchmarks.verdict import fmt, median, median_ratio
 
 WARMUP_TURNS = 2  # left out of every side's rate: the first turns pay for caches and allocations
-Log = Callable[[str], None]
 
 
 def turn_order(sides: list[str], k: int) -> list[str]:
-    """The plain loops' order in turn ``k``: reversed every other turn, so neither side always
-    runs right after the platform's turn."""
+    """The plain loops' order in turn ``k``: neither always runs right after the platform."""
     return sides if k % 2 == 0 else sides[::-1]
 
 
 def compare_order(round_index: int) -> tuple[str, str]:
-    """Which checkout starts first in a round (it starts alone; the other starts while the
-    first waits for its turn): old first in even rounds, new first in odd ones."""
+    """Which checkout starts first (alone; the other starts while it waits) in a round."""
     return ("old", "new") if round_index % 2 == 0 else ("new", "old")
 
 
@@ -49,22 +44,22 @@ class PlainTurns:
         return {side: self.loops[side].timed_turn(self.steps) for side in order}
 
 
-def run_overrides(overrides: list[str], steps: int, threads: int, gpu: bool) -> list[str]:
-    """The run's overrides: ``steps`` steps with one validation mid-run as well as the last
-    one's, so its cost is measured; on a CPU in fp32 with the plain loops' thread count."""
+def run_overrides(preset: list[str], steps: int, threads: int, gpu: bool, extra: list[str] | None) -> list[str]:
+    """The preset's overrides, then ``steps`` steps with a validation mid-run as well as at the
+    end (its cost is measured), on a CPU in fp32 with the plain loops' threads; the user's last."""
     cpu = [] if gpu else ["trainer.precision=32-true", f"train.num_threads={threads}"]
-    return [*overrides, *cpu, f"train.max_steps={steps}", f"train.val_every={max(1, steps // 2)}"]
+    return [*preset, *cpu, f"train.max_steps={steps}", f"train.val_every={max(1, steps // 2)}", *(extra or [])]
 
 
 def bench_preset(name: str, rounds: int, steps: int, workdir: Path, threads: int, gpu: bool = False,
-                 extra: list[str] | None = None, turn_steps: int = 1, log: Log = print) -> dict[str, Any]:
+                 extra: list[str] | None = None, turn_steps: int = 1, log: Any = print) -> dict[str, Any]:
     """Sides (1), (2) and (3) of one preset: medians over rounds of tokens/s and of each round's
     ratios, time to first step, and the overhead share projected to the experiment's own run."""
     from benchmarks.reference_gpt import ReferenceLM
     from scalelab.model import Transformer
 
-    overrides = [*preset_overrides(name, gpu=gpu), *(extra or [])]
-    prep = prepare_preset(overrides)
+    preset = preset_overrides(name, gpu=gpu)
+    prep = prepare_preset([*preset, *(extra or [])])
     mcfg, device = prep["model_cfg"], "cuda" if gpu else "cpu"
     amp = torch.bfloat16 if gpu else None
     torch.manual_seed(0)
@@ -75,7 +70,7 @@ def bench_preset(name: str, rounds: int, steps: int, workdir: Path, threads: int
         loop.timed_turn(3)
     done = []
     for r in range(rounds):
-        run = PlatformRun.start(run_overrides(overrides, steps, threads, gpu), workdir,
+        run = PlatformRun.start(run_overrides(preset, steps, threads, gpu, extra), workdir,
                                 lockstep=True, turn_steps=turn_steps, tag="new")
         try:
             turns = take_turns(run.proc, run.pipes, PlainTurns(loops, turn_steps))  # type: ignore[arg-type]
@@ -91,8 +86,7 @@ def bench_preset(name: str, rounds: int, steps: int, workdir: Path, threads: int
             f"{fmt(got['platform_time_to_first_step_s'], '.1f')} s")
     res: dict[str, Any] = {"preset": name, "threads": threads, "rounds": done,
                            "params": mcfg.n_params(), "device": device}
-    for side in ("ref", "model", "platform"):
-        res[f"{side}_tokens_per_s"] = median(done, f"{side}_tokens_per_s")
+    res.update({f"{s}_tokens_per_s": median(done, f"{s}_tokens_per_s") for s in ("ref", "model", "platform")})
     res["model/ref"] = median_ratio(done, "model_tokens_per_s", "ref_tokens_per_s")
     res["platform/model"] = median_ratio(done, "platform_tokens_per_s", "model_tokens_per_s")
     res["time_to_first_step_s"] = median(done, "platform_time_to_first_step_s")
@@ -100,33 +94,26 @@ def bench_preset(name: str, rounds: int, steps: int, workdir: Path, threads: int
     plat = {k: median(done, f"platform_{k}") for k in
             ("step_s", "val_event_s", "after_fit_s", "time_to_first_step_s")}
     res["overhead_share"] = projected_overhead(plat, spec.max_steps, spec.val_every)
-    if gpu:
-        res.update(gpu_mfu(res, mcfg.flops_per_token(seq_len=spec.block_size)))
+    if gpu:  # steady-state MFU of each side against the GPU's bf16 peak
+        from scalelab.training.perf import peak_flops
+
+        per_token = mcfg.flops_per_token(seq_len=spec.block_size) / peak_flops("cuda", "bf16-mixed")
+        res.update({f"{s}_mfu": res[f"{s}_tokens_per_s"] * per_token
+                    for s in ("ref", "model", "platform") if res.get(f"{s}_tokens_per_s")})
+        res["device"] = torch.cuda.get_device_name(0)
     return res
-
-
-def gpu_mfu(res: dict[str, Any], flops_per_token: int) -> dict[str, Any]:
-    """Steady-state MFU of each side against the GPU's bf16 peak."""
-    from scalelab.training.perf import peak_flops
-
-    peak = peak_flops("cuda", "bf16-mixed")
-    out: dict[str, Any] = {"device": torch.cuda.get_device_name(0)}
-    for side in ("ref", "model", "platform"):
-        if res.get(f"{side}_tokens_per_s"):
-            out[f"{side}_mfu"] = res[f"{side}_tokens_per_s"] * flops_per_token / peak
-    return out
 
 
 def compare_preset(name: str, old_src: Path, rounds: int, steps: int, workdir: Path, threads: int,
                    gpu: bool = False, extra: list[str] | None = None, turn_steps: int = 1,
-                   log: Log = print) -> dict[str, Any]:
+                   log: Any = print) -> dict[str, Any]:
     """Side (3) of this checkout ("new") and of the one whose src folder is ``old_src``, taking
     turns; medians of tokens/s and of each round's new/old, first step and final val loss."""
     srcs = {"old": old_src, "new": ROOT / "src"}
 
     def start(side: str) -> PlatformRun:
-        overrides = [*preset_overrides(name, srcs[side], gpu), *(extra or [])]
-        return PlatformRun.start(run_overrides(overrides, steps, threads, gpu), workdir, srcs[side],
+        overrides = run_overrides(preset_overrides(name, srcs[side], gpu), steps, threads, gpu, extra)
+        return PlatformRun.start(overrides, workdir, srcs[side],
                                  lockstep=True, turn_steps=turn_steps, tag=side)
 
     done = []

@@ -1,11 +1,8 @@
-"""Turn-taking between a ``scalelab-train`` run and the bench, through two pipes.
-
-A shared machine's speed can drift by several per cent within seconds, so step times of one
-run measured after another compare two different machines. The run's ``PhaseTimer`` writes a
-byte after each turn of optimizer steps and waits; the bench runs its own turn (plain-loop
-steps, or a turn of a second run) and writes a byte back. Every side's steady state then comes
-from the same seconds.
-"""
+"""Turn-taking between a ``scalelab-train`` run and the bench, through two pipes: a shared
+machine's speed drifts within seconds, so sides timed one after another would compare two
+different machines. The run's ``PhaseTimer`` writes a byte after each turn of optimizer steps
+and waits; the bench runs its own turn (plain-loop steps, or a second run's turn) and writes a
+byte back, so every side's steady state comes from the same seconds."""
 
 from __future__ import annotations
 
@@ -14,28 +11,20 @@ import select
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
-@dataclass
 class Pipes:
-    """The bench's ends and the run's ends of the two pipes."""
+    """The bench's ends (``from_run``, ``to_run``) and the run's (``run_ends``: it reads, it
+    writes), which the run gets through ``pass_fds`` and ``callback_arg``."""
 
-    from_run: int
-    to_run: int
-    run_ends: tuple[int, int]  # (the run reads, the run writes): passed down with pass_fds
-    closed: bool = field(default=False)
-
-    @classmethod
-    def open(cls) -> Pipes:
-        run_reads, to_run = os.pipe()
-        from_run, run_writes = os.pipe()
-        return cls(from_run, to_run, (run_reads, run_writes))
-
-    @property
-    def callback_arg(self) -> str:
-        return f"{self.run_ends[0]},{self.run_ends[1]}"
+    def __init__(self) -> None:
+        run_reads, self.to_run = os.pipe()
+        self.from_run, run_writes = os.pipe()
+        self.run_ends, self.closed = (run_reads, run_writes), False
+        self.callback_arg = f"{run_reads},{run_writes}"
 
     def started(self) -> None:
         """The run has its copies: close ours, so its exit reads as end-of-file here."""
@@ -44,34 +33,32 @@ class Pipes:
 
     def close(self) -> None:
         if not self.closed:
-            for fd in (self.from_run, self.to_run):
-                os.close(fd)
+            os.close(self.from_run)
+            os.close(self.to_run)
             self.closed = True
 
 
 def wait_byte(fd: int, timeout_s: float) -> bytes:
     """One byte from ``fd``; b"" at end of file. TimeoutError when none comes in ``timeout_s``."""
-    ready, _, _ = select.select([fd], [], [], timeout_s)
-    if not ready:
+    if not select.select([fd], [], [], timeout_s)[0]:
         raise TimeoutError(f"the platform run sent no step for {timeout_s:.0f} s")
     return os.read(fd, 1)
 
 
-def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, step: Callable[[], tuple[float, float, int]],
-               timeout_s: float = 900.0) -> list[tuple[float, float, int]]:
-    """Run ``step`` (returns wall s, CPU s, tokens) once per turn the run hands over, until the
-    run closes its end or exits. A run silent for ``timeout_s`` is killed."""
-    out: list[tuple[float, float, int]] = []
+def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, turn: Callable[[], T],
+               timeout_s: float = 900.0) -> list[T]:
+    """Call ``turn`` once per turn the run hands over, until the run closes its end or exits;
+    what each call returned. A run silent for ``timeout_s`` is killed."""
+    out: list[T] = []
     try:
         while True:
             try:
-                got = wait_byte(pipes.from_run, timeout_s)
+                if not wait_byte(pipes.from_run, timeout_s):
+                    return out  # end of file: the fit ended (or the run died; its exit code says)
             except TimeoutError:
                 proc.kill()
                 raise
-            if not got:
-                return out  # end of file: the run's fit ended (or it died; its exit code says)
-            out.append(step())
+            out.append(turn())
             try:
                 os.write(pipes.to_run, b"g")
             except BrokenPipeError:
@@ -82,13 +69,12 @@ def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, step: Callable[[], tup
 
 class PausedRun:
     """A second run as the bench's turn: ``turn`` lets it run one turn and waits until it
-    pauses again. Once it has ended, a turn does nothing."""
+    pauses again (the run times its own turns). Once it has ended, a turn does nothing."""
 
     def __init__(self, pipes: Pipes, timeout_s: float = 900.0) -> None:
         self.pipes, self.timeout_s, self.ended = pipes, timeout_s, False
 
     def wait_paused(self) -> None:
-        """Until the run's first turn is over (its start-up and first steps done)."""
         self.ended = not wait_byte(self.pipes.from_run, self.timeout_s)
 
     def turn(self) -> tuple[float, float, int]:
@@ -98,16 +84,14 @@ class PausedRun:
                 self.wait_paused()
             except BrokenPipeError:
                 self.ended = True
-        return 0.0, 0.0, 0  # the run times its own turns (PhaseTimer)
+        return 0.0, 0.0, 0
 
 
 class RunTurns:
-    """The run's side of the turns (PhaseTimer's lockstep mode).
-
-    ``hand_over`` after each optimizer step closes the current *cycle* (from getting the turn
-    back to now: wall, CPU, tokens since, whether a validation ran in it), writes a byte and
-    waits for one back. The wait is a *pause* (wall, and the CPU this process's threads used
-    meanwhile). When the bench is gone, ``active`` turns False and the run trains on alone."""
+    """The run's side. ``hand_over`` closes the current *cycle* (from getting the turn back to
+    now: wall, CPU, tokens since, whether a validation ran in it), writes a byte and waits for
+    one back; the wait is a *pause*. When the bench is gone, ``active`` turns False and the run
+    trains on alone."""
 
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.read_fd, self.write_fd, self.active = read_fd, write_fd, True
@@ -117,8 +101,7 @@ class RunTurns:
         self._resumed: tuple[float, float, int] | None = None
 
     @classmethod
-    def from_arg(cls, arg: str | None) -> RunTurns | None:
-        """``"R,W"`` (the callback argument) or None."""
+    def from_arg(cls, arg: str | None) -> RunTurns | None:  # "R,W", the callback's argument
         return cls(*(int(f) for f in str(arg).split(","))) if arg else None
 
     def hand_over(self, now: tuple[float, float], tokens: int) -> tuple[float, float]:
@@ -132,11 +115,10 @@ class RunTurns:
         except OSError:  # the bench is gone
             handed_back = b""
         back = time.perf_counter(), time.process_time()
-        if not handed_back:
-            self.active = False
-            return back
-        self.pauses.append((back[0] - now[0], back[1] - now[1]))
-        self._resumed, self.validated = (back[0], back[1], tokens), False
+        self.active = bool(handed_back)
+        if self.active:
+            self.pauses.append((back[0] - now[0], back[1] - now[1]))
+            self._resumed, self.validated = (back[0], back[1], tokens), False
         return back
 
     def close(self) -> None:

@@ -1,15 +1,11 @@
-"""A Lightning callback the bench adds to ``scalelab-train`` from the command line
-(``+callbacks.bench_phases={_target_: benchmarks.phase_timer.PhaseTimer, path: ...}``) to time
-what a run spends between optimizer steps, with public Lightning hooks only.
+"""A Lightning callback the bench adds to ``scalelab-train`` from the command line, with public
+hooks only. Into a JSON file: each gap between batches that held a validation (with its sample
+and checkpoints), the clock at the first step and at the end of fit, the last ``val/loss``, the
+final step, and the tokens of its batches (counted as the bench's plain loops count them).
 
-It records, into a JSON file: each training batch's wall and CPU seconds; each gap between two
-batches that held a validation (validation, the sample and the checkpoints written then); the
-wall clock at the first step and at the end of fit; the last ``val/loss`` and the final step.
-Tokens are counted from the batches themselves, as the bench's plain loops count them.
-
-With ``lockstep="R,W"`` (pipe ends the bench passed down) the run hands the turn to the bench
-after every ``every`` optimizer steps from step ``skip`` on (benchmarks/lockstep.py). On a GPU
-each turn ends with a synchronize, so queued work is charged to the side that queued it.
+With ``lockstep="R,W"`` (pipe ends from the bench) the run hands the turn to the bench after
+every ``every`` optimizer steps from step ``skip`` on (lockstep.py). On a GPU each turn ends
+with a synchronize, so queued work is charged to the side that queued it.
 """
 
 from __future__ import annotations
@@ -25,24 +21,15 @@ import torch
 from benchmarks.lockstep import RunTurns
 
 
-def batch_tokens(batch: Any) -> int:
-    """Tokens in one batch: the decoder's input (``tgt_in`` for seq2seq, else ``input_ids``)."""
-    if isinstance(batch, dict):
-        return int(batch["tgt_in" if "tgt_in" in batch else "input_ids"].numel())
-    return 0
-
-
 class PhaseTimer(pl.Callback):
     def __init__(self, path: str, lockstep: str | None = None, skip: int = 3, every: int = 1) -> None:
         self.path = Path(path)
-        self.steps: list[tuple[float, float]] = []  # (wall, cpu) per training batch
         self.val_gaps: list[tuple[float, float]] = []  # (wall, cpu) of gaps that held a validation
         self.turns = RunTurns.from_arg(lockstep)
         self.skip, self.every = skip, max(1, int(every))
         self.tokens, self.first_step_unix, self.fit_end_unix = 0, None, None
         self.val_loss: float | None = None
         self.final_step = 0
-        self._start: tuple[float, float] | None = None
         self._end: tuple[float, float] | None = None
         self._validated, self._last_step = False, -1
 
@@ -54,19 +41,17 @@ class PhaseTimer(pl.Callback):
         now = self._now()
         if self._end is not None and self._validated:
             self.val_gaps.append((now[0] - self._end[0], now[1] - self._end[1]))
-        self._start, self._validated = now, False
+        self._validated = False
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         step, turns = int(trainer.global_step), self.turns
-        self.tokens += batch_tokens(batch)
+        self.tokens += int(batch["tgt_in" if "tgt_in" in batch else "input_ids"].numel())
         hand_over = (turns is not None and turns.active and step != self._last_step
                      and step >= self.skip and (step - self.skip) % self.every == 0)
         if hand_over and pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         now = self._now()
-        if self._start is not None:
-            self.steps.append((now[0] - self._start[0], now[1] - self._start[1]))
         if self.first_step_unix is None:
             self.first_step_unix = time.time()
         if hand_over and turns is not None:
@@ -96,7 +81,7 @@ class PhaseTimer(pl.Callback):
 
     def write(self) -> None:
         self.path.write_text(json.dumps({
-            "steps": self.steps, "val_gaps": self.val_gaps, "tokens": self.tokens,
+            "val_gaps": self.val_gaps, "tokens": self.tokens,
             "first_step_unix": self.first_step_unix, "fit_end_unix": self.fit_end_unix,
             "val_loss": self.val_loss, "final_step": self.final_step,
             **(self.turns.record() if self.turns is not None else {"cycles": [], "pauses": []}),

@@ -25,19 +25,6 @@ def loss_fn(side: str, objective: str) -> Any:
     return loss
 
 
-def adamw(groups: list[dict[str, Any]], optim: Any) -> torch.optim.AdamW:
-    """The run's AdamW settings; fused where torch has the kernel (or as ``optim.fused`` says),
-    else foreach."""
-    kw = {"lr": optim.lr, "betas": (optim.beta1, optim.beta2), "eps": optim.eps}
-    if optim.fused is not False:
-        try:
-            return torch.optim.AdamW(groups, fused=True, **kw)
-        except RuntimeError:
-            if optim.fused:
-                raise
-    return torch.optim.AdamW(groups, foreach=True, **kw)
-
-
 class PlainLoop:
     """A model + AdamW (the run's decay groups and settings) + gradient clipping, stepping over
     a fixed list of batches."""
@@ -50,7 +37,9 @@ class PlainLoop:
         self.model = model.to(device)
         # the run's own split (matrices decay; embeddings only with optim.decay_embeddings)
         groups, _ = param_groups(self.model, o.weight_decay, o.decay_embeddings)
-        self.opt = adamw(groups, o)
+        fused = o.fused is not False  # torch has fused AdamW kernels for CPU and CUDA
+        self.opt = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                     fused=fused or None, foreach=None if fused else True)
         self.clip = float(o.grad_clip or 0.0)
         self.batches = [{k: v.to(device) for k, v in b.items()} for b in prep["batches"]]
         self.key = "tgt_in" if prep["spec"].objective == "seq2seq" else "input_ids"

@@ -9,7 +9,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +29,6 @@ def create_store(store: Path, env: dict[str, str]) -> None:
                    capture_output=True, cwd=ROOT, env=env)
 
 
-def platform_cmd(overrides: list[str], out: Path, store_dir: Path) -> list[str]:
-    """``scalelab-train`` with its run folder at ``out``, the bench's token cache, and the MLflow
-    store and artifacts in ``store_dir``."""
-    return [sys.executable, "-m", "scalelab.cli.train", *overrides,
-            f"paths.output_dir={out}", f"paths.data_dir={data_dir()}",
-            f"logger.tracking_uri=sqlite:///{store_dir}/mlruns.db",
-            f"logger.artifact_root={store_dir}/mlartifacts"]
-
-
 def source_env(src: Path) -> dict[str, str]:
     """The environment of a run of the scalelab source in ``src`` (a checkout's src folder)."""
     path = os.environ.get("PYTHONPATH")
@@ -54,7 +45,6 @@ class PlatformRun:
     t0: float
     pipes: Pipes | None = None
     turn_steps: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def start(cls, overrides: list[str], workdir: Path, src: Path = ROOT / "src",
@@ -64,11 +54,14 @@ class PlatformRun:
         create_store(store_dir / "mlruns.db", env)
         stamp = time.time_ns()
         out, phases, log = (workdir / f"{k}_{tag}_{stamp}" for k in ("run", "phases", "log"))
-        pipes = Pipes.open() if lockstep else None
+        pipes = Pipes() if lockstep else None
         timer = f"path: '{phases}'" + (
             f", lockstep: '{pipes.callback_arg}', every: {turn_steps}" if pipes else "")
-        args = platform_cmd([*overrides, "+callbacks.bench_phases={_target_: "
-                             f"benchmarks.phase_timer.PhaseTimer, {timer}}}"], out, store_dir)
+        args = [sys.executable, "-m", "scalelab.cli.train", *overrides,
+                f"+callbacks.bench_phases={{_target_: benchmarks.phase_timer.PhaseTimer, {timer}}}",
+                f"paths.output_dir={out}", f"paths.data_dir={data_dir()}",  # the bench's token cache
+                f"logger.tracking_uri=sqlite:///{store_dir}/mlruns.db",
+                f"logger.artifact_root={store_dir}/mlartifacts"]
         with log.open("w") as f:
             t0 = time.time()
             proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
@@ -98,34 +91,21 @@ class PlatformRun:
             self.pipes.close()
 
 
-def steady(cycles: list[Any], warmup: int = 2) -> list[Any]:
-    """The turns that count: after ``warmup`` turns, and none that held a validation (the
-    overhead figures count those)."""
-    return [c for c in cycles[warmup:] if not c[3]]
-
-
-def rate(turns: list[tuple[float, float, int]]) -> float | None:
-    """Tokens per second over turns of (wall s, CPU s, tokens)."""
+def rate(turns: list[Any]) -> float | None:
+    """Tokens per second over turns of (wall s, CPU s, tokens, ...)."""
     wall = sum(t[0] for t in turns)
     return sum(t[2] for t in turns) / wall if wall > 0 else None
 
 
 def run_figures(p: dict[str, Any], t0: float, t_end: float, turn_steps: int = 1) -> dict[str, Any]:
-    """Steady tokens/s (from its turns, or its steps after the first 3), the step's seconds,
-    time to first step, the mean validation event (validation, sample, checkpoints), what
-    followed fit (end-of-run work and exit), the last val loss and the final step."""
-    cycles = steady(p["cycles"])
-    paused = sum(w for w, _ in p["pauses"])
-    if cycles:
-        step_s = statistics.mean(c[0] for c in cycles) / turn_steps
-        tokens_per_s = rate([(c[0], c[1], c[2]) for c in cycles])
-    else:
-        steps = [w for w, _ in p["steps"][3:]] or [w for w, _ in p["steps"]]
-        step_s = statistics.median(steps) if steps else None
-        tokens_per_s = p["tokens"] / max(1, len(p["steps"])) / step_s if step_s else None
-    gaps = [w for w, _ in p["val_gaps"]]
-    first = p.get("first_step_unix")
-    return {"tokens_per_s": tokens_per_s, "step_s": step_s, "turns": len(cycles),
+    """Steady tokens/s and step seconds from its turns (after 2 of warm-up, leaving out those
+    that held a validation: the overhead figures count them), time to first step, the mean
+    validation event (validation, sample, checkpoints), what followed fit (end-of-run work and
+    exit), its wall without the pauses, the last val loss and the final step."""
+    cycles = [c for c in p["cycles"][2:] if not c[3]]
+    paused, gaps, first = sum(w for w, _ in p["pauses"]), [w for w, _ in p["val_gaps"]], p["first_step_unix"]
+    return {"tokens_per_s": rate(cycles), "turns": len(cycles),
+            "step_s": statistics.mean(c[0] for c in cycles) / turn_steps if cycles else None,
             "time_to_first_step_s": None if first is None else first - t0,
             "val_event_s": statistics.mean(gaps) if gaps else None,
             "after_fit_s": t_end - p["fit_end_unix"], "wall_s": t_end - t0 - paused,

@@ -19,10 +19,9 @@ PRESETS: dict[str, list[str]] = {
     "llama": ["+experiment=llama_tiny_pystdlib"],  # RoPE, RMSNorm, SwiGLU, GQA
     "encoder": ["+experiment=bert_mlm_small"],  # masked LM
     "encdec": ["+experiment=reverse_seq2seq"],
-    # One point of `scalelab-sweep sweep=cpu_medium` as the sweep runs it: the sweep preset's own
-    # train_overrides (read from the checkout that runs, see sweep_point_overrides), then what
-    # the sweep sets for one mid-sized point. Its steps are tiny, so fixed per-step work decides
-    # a sweep's wall time; a sweep runs one job a core, so it runs with 1 thread.
+    # One mid-sized point of `scalelab-sweep sweep=cpu_medium`: the sweep preset's own
+    # train_overrides (sweep_point_overrides), then the point's. Its steps are tiny, so fixed
+    # per-step work decides a sweep's wall time; a sweep runs one job a core: 1 thread.
     "sweep_point": ["model.d_model=12", "model.n_layers=2", "model.n_heads=3",
                     "train.global_batch_size=7", "optim.lr=0.020447", "optim.warmup_steps=12",
                     "optim.beta2=0.95", "optim.min_lr_ratio=0.1", "train.max_steps=1842",

@@ -16,18 +16,9 @@ from torch import nn
 from scalelab.model import ModelConfig
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float) -> None:
-        super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
 def _norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, cfg.norm_eps)
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
     return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 

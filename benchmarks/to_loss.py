@@ -26,6 +26,7 @@ from typing import Any
 
 from benchmarks.platform_run import PlatformRun, source_env
 from benchmarks.presets import ROOT
+from benchmarks.verdict import Column, median
 
 CHILD = "--_ref-child"
 OWN_INIT = "--own-init"
@@ -68,10 +69,9 @@ def reference_model(model_cfg: Any, seed: int, own_init: bool) -> Any:
 
 
 def train_batches(dm: Any, steps: int) -> Iterator[dict[str, Any]]:
-    """``steps`` train batches in the order ``scalelab-train`` trains on them. Its DataModule
-    counts each batch in ``on_before_batch_transfer`` (a Lightning hook) and starts the next epoch
-    where the last one ended; called here the same way, so a run longer than an epoch goes on to
-    new batches instead of replaying the first epoch's."""
+    """``steps`` train batches in the order ``scalelab-train`` trains on them: through the
+    DataModule's ``on_before_batch_transfer`` hook, which counts batches, so a new epoch goes on
+    where the last one ended instead of replaying the first."""
     batches = iter(dm.train_dataloader())
     for _ in range(steps):
         try:
@@ -98,8 +98,7 @@ def ref_child(overrides: list[str], own_init: bool = False) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(loop.opt, build_lr_lambda(spec.optim, spec.max_steps))
     t0 = time.perf_counter()
     for batch in train_batches(dm, spec.max_steps):
-        loop.batches = [batch]
-        loop.i = 0
+        loop.batches, loop.i = [batch], 0
         loop.step()
         sched.step()
     train_s = time.perf_counter() - t0
@@ -110,8 +109,7 @@ def ref_child(overrides: list[str], own_init: bool = False) -> None:
 def run_ref(overrides: list[str], threads: int, own_init: bool = False) -> dict[str, Any]:
     env = {**source_env(ROOT / "src"), "SCALELAB_BENCH_THREADS": str(threads)}
     t0 = time.time()
-    flags = [OWN_INIT] if own_init else []
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.to_loss", CHILD, *flags, *overrides],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.to_loss", CHILD, *[OWN_INIT] * own_init, *overrides],
                           env=env, capture_output=True, text=True, cwd=ROOT)
     wall = time.time() - t0
     if proc.returncode != 0:
@@ -143,9 +141,11 @@ def _round(overrides: list[str], workdir: Path, threads: int, platform_only: lis
     finally:
         run.kill()
     ok = reached(plat["val_loss"], target)
-    return {"ref": ref, "platform": plat, "reached": ok,
-            "strict": reached(plat["val_loss"], ref["val_loss"]),
-            "wall": plat["wall_s"] / ref["wall_s"] if ok else math.inf}
+    return {**{f"ref_{k}": ref[k] for k in ("val_loss", "wall_s", "steps", "train_s")},
+            **{f"platform_{k}": plat[k] for k in ("val_loss", "wall_s", "steps")},
+            "reached": ok, "strict": reached(plat["val_loss"], ref["val_loss"]),
+            "val_gap": plat["val_loss"] - ref["val_loss"], "walls": plat["wall_s"] / ref["wall_s"],
+            "wall_ratio": plat["wall_s"] / ref["wall_s"] if ok else math.inf}
 
 
 def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, threads: int,
@@ -154,50 +154,32 @@ def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, t
                   tolerance: float = LOSS_TOLERANCE) -> dict[str, Any]:
     """``extra``: overrides for both sides; ``platform_only``: a recipe change tried on the
     platform alone (reported as such); ``seeds``: round r runs both sides at seed
-    ``seeds[r % len(seeds)]``; ``tolerance``: how far above the reference's loss still counts."""
+    ``seeds[r % len(seeds)]``; ``tolerance``: how far above the reference's loss still counts.
+    Medians over rounds; ``walls`` is each round's wall ratio whether it reached the loss or not."""
     done = []
     for r in range(rounds):  # A B A B: a change of load hits both sides alike
         seed = seeds[r % len(seeds)] if seeds else None
         both = [*overrides, *(extra or []), *([f"seed={seed}"] if seed is not None else [])]
-        one = _round(both, workdir, threads, platform_only or [], own_init, tolerance)
-        done.append({**one, "seed": seed})
-        ref, plat = one["ref"], one["platform"]
-        log(f"  to-loss {name} round {r + 1}/{rounds}{'' if seed is None else f' seed {seed}'}: ref "
-            f"{ref['steps']} steps val {ref['val_loss']:.4f} in {ref['wall_s']:.1f} s (training "
-            f"{ref['train_s']:.1f} s); platform val {plat['val_loss']:.4f} at step {plat['steps']} "
-            f"in {plat['wall_s']:.1f} s ({'reached' if one['reached'] else 'NOT reached'}"
-            f"{', strictly' if one['strict'] else ''}); "
-            f"ratio {one['wall']:.2f}")
-    refs, plats = [d["ref"] for d in done], [d["platform"] for d in done]
-    med = statistics.median
-    return {"preset": name, "ref_val_loss": med(x["val_loss"] for x in refs), "ref_steps": refs[0]["steps"],
-            "ref_wall_s": med(x["wall_s"] for x in refs), "platform_wall_s": med(x["wall_s"] for x in plats),
-            "platform_steps": [x["steps"] for x in plats], "platform_wall/ref_wall": med(d["wall"] for d in done),
-            "reached": sum(d["reached"] for d in done), "rounds": len(done),
-            "strict": sum(d["strict"] for d in done), "loss_tolerance": tolerance,
-            # what decides "reached", and the speed apart from it (each round, stopped or not)
-            "val_gap": med(p["val_loss"] - r["val_loss"] for p, r in zip(plats, refs, strict=True)),
-            "walls": med(p["wall_s"] / r["wall_s"] for p, r in zip(plats, refs, strict=True)),
-            "per_round": [{"seed": d["seed"], "ref_val_loss": d["ref"]["val_loss"],
-                           "platform_val_loss": d["platform"]["val_loss"], "ref_wall_s": d["ref"]["wall_s"],
-                           "platform_wall_s": d["platform"]["wall_s"], "wall_ratio": d["wall"],
-                           "reached": d["reached"], "strict": d["strict"]} for d in done],
-            "platform_only_overrides": platform_only or [], "ref_init": "own" if own_init else "platform's"}
+        d = {"seed": seed, **_round(both, workdir, threads, platform_only or [], own_init, tolerance)}
+        done.append(d)
+        log(f"  to-loss {name} round {r + 1}/{rounds}{'' if seed is None else f' seed {seed}'}: ref val {d['ref_val_loss']:.4f} in "
+            f"{d['ref_wall_s']:.1f} s; platform val {d['platform_val_loss']:.4f} at step {d['platform_steps']} "
+            f"in {d['platform_wall_s']:.1f} s ({'reached' if d['reached'] else 'NOT reached'})")
+    res: dict[str, Any] = {k: median(done, k) for k in (
+        "ref_val_loss", "ref_steps", "ref_wall_s", "platform_steps", "platform_wall_s", "val_gap", "walls")}
+    n_reached, n_strict = sum(d["reached"] for d in done), sum(d["strict"] for d in done)
+    return {**res, "preset": name, "platform_wall/ref_wall": statistics.median(d["wall_ratio"] for d in done),
+            "reached": n_reached, "strict": n_strict, "rounds": len(done), "loss_tolerance": tolerance,
+            "reached_of": f"{n_reached}/{len(done)}", "strict_of": f"{n_strict}/{len(done)}",
+            "per_round": done, "platform_only_overrides": platform_only or [],
+            "ref_init": "own" if own_init else "platform's"}
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    head = (f"{'preset':<17}{'ref steps':>10}{'ref val':>9}{'ref wall':>10}{'plat steps':>12}"
-            f"{'plat wall':>10}{'val gap':>9}{'walls':>7}{'reached':>9}{'strict':>8}{'wall 3/1':>10}")
-    rows = [head, "-" * len(head)]
-    for r in results:
-        got = f"{r.get('reached', '?')}/{r.get('rounds', '?')}"
-        strict = f"{r.get('strict', '?')}/{r.get('rounds', '?')}"
-        rows.append(f"{r['preset']:<17}{r['ref_steps']:>10}{r['ref_val_loss']:>9.4f}"
-                    f"{r['ref_wall_s']:>9.1f}s{statistics.median(r['platform_steps']):>12.0f}"
-                    f"{r['platform_wall_s']:>9.1f}s{r.get('val_gap', math.nan):>+9.4f}"
-                    f"{r.get('walls', math.nan):>7.2f}{got:>9}{strict:>8}"
-                    f"{r['platform_wall/ref_wall']:>10.2f}")
-    return "\n".join(rows)
+COLUMNS: list[Column] = [
+    ("ref steps", "ref_steps", ".0f"), ("ref val", "ref_val_loss", ".4f"), ("ref wall", "ref_wall_s", "s"),
+    ("plat steps", "platform_steps", ".0f"), ("plat wall", "platform_wall_s", "s"),
+    ("val gap", "val_gap", "+.4f"), ("walls", "walls", ".2f"), ("reached", "reached_of", ""),
+    ("strict", "strict_of", ""), ("wall 3/1", "platform_wall/ref_wall", ".2f")]
 
 
 def misses(results: list[dict[str, Any]]) -> list[str]:

@@ -22,13 +22,9 @@ def target(preset: str, key: str) -> float:
     return PRESET_TARGETS.get((preset, key), TARGETS[key])
 
 
-def ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den else None
-
-
 def median_ratio(rounds: list[dict[str, Any]], num: str, den: str) -> float | None:
     """The median over rounds of each round's num/den: both measured in the same seconds."""
-    got = [r for r in (ratio(x.get(num), x.get(den)) for x in rounds) if r is not None]
+    got = [x[num] / x[den] for x in rounds if x.get(num) is not None and x.get(den)]
     return statistics.median(got) if got else None
 
 
@@ -65,30 +61,31 @@ def fmt(v: Any, spec: str = ",.0f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    """Tokens/s of the three sides, the ratios, first step and the overhead share."""
-    head = (f"{'preset':<17}{'(1) ref':>10}{'(2) model':>11}{'(3) platform':>14}{'(2)/(1)':>9}"
-            f"{'(3)/(2)':>9}{'1st step':>10}{'overhead':>10}")
-    rows = [head, "-" * len(head)]
-    for r in results:
-        ovh = r.get("overhead_share")
-        rows.append(f"{r['preset']:<17}{fmt(r.get('ref_tokens_per_s')):>10}"
-                    f"{fmt(r.get('model_tokens_per_s')):>11}{fmt(r.get('platform_tokens_per_s')):>14}"
-                    f"{fmt(r.get('model/ref'), '.2f'):>9}{fmt(r.get('platform/model'), '.2f'):>9}"
-                    f"{fmt(r.get('time_to_first_step_s'), '.1f'):>9}s"
-                    f"{fmt(None if ovh is None else 100 * ovh, '.1f'):>9}%")
-    return "\n".join(rows)
+Column = tuple[str, str, str]  # title, result key, format ("%" for a share, "s" for seconds)
+THREE_SIDES: list[Column] = [
+    ("(1) ref", "ref_tokens_per_s", ",.0f"), ("(2) model", "model_tokens_per_s", ",.0f"),
+    ("(3) platform", "platform_tokens_per_s", ",.0f"), ("(2)/(1)", "model/ref", ".2f"),
+    ("(3)/(2)", "platform/model", ".2f"), ("1st step", "time_to_first_step_s", "s"),
+    ("overhead", "overhead_share", "%")]
+COMPARE: list[Column] = [
+    ("old tok/s", "old_tokens_per_s", ",.0f"), ("new tok/s", "new_tokens_per_s", ",.0f"),
+    ("new/old", "new/old", ".2f"), ("old 1st", "old_time_to_first_step_s", "s"),
+    ("new 1st", "new_time_to_first_step_s", "s"), ("old val", "old_val_loss", ".4f"),
+    ("new val", "new_val_loss", ".4f")]
 
 
-def compare_table(results: list[dict[str, Any]]) -> str:
-    """Old and new platform side by side: tokens/s, new/old, first step, final val loss."""
-    head = (f"{'preset':<17}{'old tok/s':>11}{'new tok/s':>11}{'new/old':>9}{'old 1st':>9}"
-            f"{'new 1st':>9}{'old val':>9}{'new val':>9}")
+def cell(v: Any, spec: str) -> str:
+    if spec == "%":
+        return fmt(None if v is None else 100 * v, ".1f") + "%"
+    return fmt(v, ".1f") + "s" if spec == "s" else fmt(v, spec)
+
+
+def table(results: list[dict[str, Any]], columns: list[Column] = THREE_SIDES) -> str:
+    """One row a preset, a column each, right-aligned."""
+    widths = [max(9, len(title) + 2) for title, _, _ in columns]
+    head = f"{'preset':<17}" + "".join(f"{t:>{w}}" for (t, _, _), w in zip(columns, widths, strict=True))
     rows = [head, "-" * len(head)]
     for r in results:
-        rows.append(f"{r['preset']:<17}{fmt(r.get('old_tokens_per_s')):>11}"
-                    f"{fmt(r.get('new_tokens_per_s')):>11}{fmt(r.get('new/old'), '.2f'):>9}"
-                    f"{fmt(r.get('old_time_to_first_step_s'), '.1f'):>8}s"
-                    f"{fmt(r.get('new_time_to_first_step_s'), '.1f'):>8}s"
-                    f"{fmt(r.get('old_val_loss'), '.4f'):>9}{fmt(r.get('new_val_loss'), '.4f'):>9}")
+        rows.append(f"{r['preset']:<17}" + "".join(
+            f"{cell(r.get(k), spec):>{w}}" for (_, k, spec), w in zip(columns, widths, strict=True)))
     return "\n".join(rows)

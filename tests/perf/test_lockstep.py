@@ -39,7 +39,7 @@ def _child(pipes: Pipes, turns: int, linger_s: int = 0) -> subprocess.Popen[byte
 
 
 def test_take_turns_runs_one_step_per_turn_until_the_run_exits() -> None:
-    pipes = Pipes.open()
+    pipes = Pipes()
     proc = _child(pipes, turns=7)
     steps: list[int] = []
     try:
@@ -52,7 +52,7 @@ def test_take_turns_runs_one_step_per_turn_until_the_run_exits() -> None:
 
 
 def test_a_silent_run_is_killed_after_the_timeout() -> None:
-    pipes = Pipes.open()
+    pipes = Pipes()
     proc = _child(pipes, turns=0, linger_s=60)  # never hands over a turn
     try:
         t0 = time.monotonic()
@@ -66,7 +66,7 @@ def test_a_silent_run_is_killed_after_the_timeout() -> None:
 
 def test_a_paused_run_gets_one_turn_per_call_until_it_ends() -> None:
     """--compare: the run that started first is the bench's turn for the other one."""
-    pipes = Pipes.open()
+    pipes = Pipes()
     proc = _child(pipes, turns=3)
     try:
         paused = PausedRun(pipes, timeout_s=30)
@@ -114,7 +114,7 @@ def test_phase_timer_takes_turns_and_records_cycles_and_pauses(tmp_path: Path) -
     assert all(c[0] >= 0 for c in timer.turns.cycles)
     record = json.loads((tmp_path / "phases.json").read_text())
     assert record["tokens"] == 500 and record["val_loss"] == 2.5 and record["final_step"] == 5
-    assert len(record["steps"]) == 5 and record["first_step_unix"] <= record["fit_end_unix"]
+    assert len(record["val_gaps"]) == 1 and record["first_step_unix"] <= record["fit_end_unix"]
     os.close(bench_reads)
     os.close(run_reads)
     os.close(run_writes)
