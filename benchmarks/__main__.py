@@ -26,11 +26,12 @@ MODES = {  # presets, rounds, platform steps per run, optimizer steps per turn
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m benchmarks [train]", description=__doc__.split("\n\n")[1],
                                  epilog="Hydra overrides after -- go to every side.")
     ap.add_argument("--full", action="store_true", help="every CPU preset, 3 rounds, 300 steps")
     ap.add_argument("--gpu", action="store_true", help="GPU presets: bf16, torch.compile, fused AdamW")
-    ap.add_argument("--presets", help="comma-separated presets (default: the mode's)")
+    ap.add_argument("--presets", help="comma-separated; CPU: shakespeare_char, pystdlib_small, "
+                    "llama, encoder, encdec, sweep_point; --gpu: gpt2_124m, llama_124m")
     ap.add_argument("--rounds", type=int, help="rounds per preset (medians over rounds)")
     ap.add_argument("--steps", type=int, help="optimizer steps per platform run")
     ap.add_argument("--threads", type=int, help="threads of every side (default: torch's; sweep_point 1)")

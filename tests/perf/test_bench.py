@@ -277,7 +277,7 @@ def test_the_reference_trains_on_the_batches_a_run_trains_on_across_epochs() -> 
 
 def _bench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", *args, "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--json", str(out), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: a target missed on a busy machine
     return proc, json.loads(out.read_text())
