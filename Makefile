@@ -66,7 +66,7 @@ sweep: $(STAMP) ## Plan, run, fit and report a scaling-law sweep (default sweep=
 fit: $(STAMP) ## Refit scaling laws from a sweep's MLflow runs or a CSV (ARGS="--csv file.csv")
 	$(VENV)/bin/scalelab-fit $(ARGS)
 
-bench: $(STAMP) ## Run the benchmarks (throughput ratios, measured in one run)
+bench: $(STAMP) ## Training bench: reference vs model vs platform in turns (ARGS="--full", "--compare DIR")
 	$(PY) -m benchmarks $(ARGS)
 
 gpu-check: $(STAMP) ## On a GPU machine: real 1-GPU FSDP train + checkpoint round trip (< 5 min)

@@ -1,1 +1,1 @@
-"""Benchmarks: `python -m benchmarks` (make bench) runs every bench_*.py module's main()."""
+"""Benchmarks of scalelab against plain PyTorch: `python -m benchmarks --help` (make bench)."""

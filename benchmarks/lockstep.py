@@ -1,12 +1,8 @@
-"""Side (2) and side (3) of the training bench in turns, one optimizer step each.
-
-This machine's speed drifts by ±15 % within seconds (another tenant on the host): step times
-of one run measured after another compare two different machines. So the platform run and the
-plain loop take turns instead, through two pipes: the run's ``PhaseTimer`` (lockstep mode)
-writes a byte after each optimizer step and waits; the bench runs one plain-loop step and
-writes a byte back. Both sides' steady state then comes from the same seconds, as the plain
-loops' own A B A B interleaving does.
-"""
+"""Turn-taking between a ``scalelab-train`` run and the bench, through two pipes: a shared
+machine's speed drifts within seconds, so sides timed one after another would compare two
+different machines. The run's ``PhaseTimer`` writes a byte after each turn of optimizer steps
+and waits; the bench runs its own turn (plain-loop steps, or a second run's turn) and writes a
+byte back, so every side's steady state comes from the same seconds."""
 
 from __future__ import annotations
 
@@ -15,28 +11,20 @@ import select
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
-@dataclass
 class Pipes:
-    """The bench's ends and the run's ends of the two pipes."""
+    """The bench's ends (``from_run``, ``to_run``) and the run's (``run_ends``: it reads, it
+    writes), which the run gets through ``pass_fds`` and ``callback_arg``."""
 
-    from_run: int
-    to_run: int
-    run_ends: tuple[int, int]  # (the run reads, the run writes): passed down with pass_fds
-    closed: bool = field(default=False)
-
-    @classmethod
-    def open(cls) -> Pipes:
-        run_reads, to_run = os.pipe()
-        from_run, run_writes = os.pipe()
-        return cls(from_run, to_run, (run_reads, run_writes))
-
-    @property
-    def callback_arg(self) -> str:
-        return f"{self.run_ends[0]},{self.run_ends[1]}"
+    def __init__(self) -> None:
+        run_reads, self.to_run = os.pipe()
+        self.from_run, run_writes = os.pipe()
+        self.run_ends, self.closed = (run_reads, run_writes), False
+        self.callback_arg = f"{run_reads},{run_writes}"
 
     def started(self) -> None:
         """The run has its copies: close ours, so its exit reads as end-of-file here."""
@@ -45,25 +33,32 @@ class Pipes:
 
     def close(self) -> None:
         if not self.closed:
-            for fd in (self.from_run, self.to_run):
-                os.close(fd)
+            os.close(self.from_run)
+            os.close(self.to_run)
             self.closed = True
 
 
-def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, step: Callable[[], tuple[float, float, int]],
-               timeout_s: float = 900.0) -> list[tuple[float, float, int]]:
-    """Run ``step`` (returns wall s, CPU s, tokens) once per turn the run hands over, until the
-    run closes its end or exits. A run silent for ``timeout_s`` is killed."""
-    out: list[tuple[float, float, int]] = []
+def wait_byte(fd: int, timeout_s: float) -> bytes:
+    """One byte from ``fd``; b"" at end of file. TimeoutError when none comes in ``timeout_s``."""
+    if not select.select([fd], [], [], timeout_s)[0]:
+        raise TimeoutError(f"the platform run sent no step for {timeout_s:.0f} s")
+    return os.read(fd, 1)
+
+
+def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, turn: Callable[[], T],
+               timeout_s: float = 900.0) -> list[T]:
+    """Call ``turn`` once per turn the run hands over, until the run closes its end or exits;
+    what each call returned. A run silent for ``timeout_s`` is killed."""
+    out: list[T] = []
     try:
         while True:
-            ready, _, _ = select.select([pipes.from_run], [], [], timeout_s)
-            if not ready:
+            try:
+                if not wait_byte(pipes.from_run, timeout_s):
+                    return out  # end of file: the fit ended (or the run died; its exit code says)
+            except TimeoutError:
                 proc.kill()
-                raise TimeoutError(f"the platform run sent no step for {timeout_s:.0f} s")
-            if not os.read(pipes.from_run, 1):
-                return out  # end of file: the run's fit ended (or it died; its exit code says)
-            out.append(step())
+                raise
+            out.append(turn())
             try:
                 os.write(pipes.to_run, b"g")
             except BrokenPipeError:
@@ -72,13 +67,31 @@ def take_turns(proc: subprocess.Popen[Any], pipes: Pipes, step: Callable[[], tup
         pipes.close()
 
 
-class RunTurns:
-    """The run's side of the turns (PhaseTimer's lockstep mode; the A/A check's child).
+class PausedRun:
+    """A second run as the bench's turn: ``turn`` lets it run one turn and waits until it
+    pauses again (the run times its own turns). Once it has ended, a turn does nothing."""
 
-    ``hand_over`` after each optimizer step closes the current *cycle* (from getting the turn
-    back to now: wall, CPU, tokens since, whether a validation ran in it), writes a byte and
-    waits for one back. The wait is a *pause* (wall, and the CPU this process's threads used
-    meanwhile). When the bench is gone, ``active`` turns False and the run trains on alone."""
+    def __init__(self, pipes: Pipes, timeout_s: float = 900.0) -> None:
+        self.pipes, self.timeout_s, self.ended = pipes, timeout_s, False
+
+    def wait_paused(self) -> None:
+        self.ended = not wait_byte(self.pipes.from_run, self.timeout_s)
+
+    def turn(self) -> tuple[float, float, int]:
+        if not self.ended:
+            try:
+                os.write(self.pipes.to_run, b"g")
+                self.wait_paused()
+            except BrokenPipeError:
+                self.ended = True
+        return 0.0, 0.0, 0
+
+
+class RunTurns:
+    """The run's side. ``hand_over`` closes the current *cycle* (from getting the turn back to
+    now: wall, CPU, tokens since, whether a validation ran in it), writes a byte and waits for
+    one back; the wait is a *pause*. When the bench is gone, ``active`` turns False and the run
+    trains on alone."""
 
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.read_fd, self.write_fd, self.active = read_fd, write_fd, True
@@ -88,8 +101,7 @@ class RunTurns:
         self._resumed: tuple[float, float, int] | None = None
 
     @classmethod
-    def from_arg(cls, arg: str | None) -> RunTurns | None:
-        """``"R,W"`` (the callback argument) or None."""
+    def from_arg(cls, arg: str | None) -> RunTurns | None:  # "R,W", the callback's argument
         return cls(*(int(f) for f in str(arg).split(","))) if arg else None
 
     def hand_over(self, now: tuple[float, float], tokens: int) -> tuple[float, float]:
@@ -103,11 +115,10 @@ class RunTurns:
         except OSError:  # the bench is gone
             handed_back = b""
         back = time.perf_counter(), time.process_time()
-        if not handed_back:
-            self.active = False
-            return back
-        self.pauses.append((back[0] - now[0], back[1] - now[1]))
-        self._resumed, self.validated = (back[0], back[1], tokens), False
+        self.active = bool(handed_back)
+        if self.active:
+            self.pauses.append((back[0] - now[0], back[1] - now[1]))
+            self._resumed, self.validated = (back[0], back[1], tokens), False
         return back
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """A minimal transformer written the way a hand-written training script would write it.
 
-The yardstick of ``bench_train``: one fused QKV projection, SDPA, nothing configurable beyond
+The yardstick of the training bench: one fused QKV projection, SDPA, nothing configurable beyond
 what the bench presets need (GPT-2 and Llama decoders, a BERT-style encoder). It reads the
 shape from a scalelab ``ModelConfig`` so both sides train exactly the same architecture.
 """
@@ -16,18 +16,9 @@ from torch import nn
 from scalelab.model import ModelConfig
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float) -> None:
-        super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
 def _norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, cfg.norm_eps)
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
     return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
@@ -120,28 +111,33 @@ class ReferenceLM(nn.Module):
         return self.head(self.ln_f(x))
 
 
-_BLOCK_KEYS = {"self_attn.norm": "ln1", "self_attn.fn.qkv_proj": "qkv", "self_attn.fn.o_proj": "proj",
-               "mlp.norm": "ln2", "mlp.fn.down": "out"}
+def _reference_name(name: str) -> str | None:
+    """The reference's name for one of a ``Transformer``'s block parameters (``blocks.<i>.`` cut
+    off), or None for SwiGLU's gate, which the caller concatenates with ``up``. Matched by the
+    last module name, so the fused projection may be called ``qkv`` or ``qkv_proj``."""
+    module, _, param = name.rpartition(".")
+    section, leaf = module.split(".")[0], module.split(".")[-1]
+    if leaf == "norm":
+        return f"{'ln1' if section == 'self_attn' else 'ln2'}.{param}"
+    if section == "self_attn":
+        return f"{'qkv' if 'qkv' in leaf else 'proj'}.{param}"
+    return {"up": f"fc.{param}", "down": f"out.{param}", "gate": None}[leaf]
 
 
 def state_from_transformer(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A ``Transformer``'s parameters in ``ReferenceLM``'s layout: the reference can start from
-    the platform's own initial draw. The model's q/k/v projection is already one tensor
-    (model/fused_layout.py); SwiGLU's gate and up are concatenated into the reference's ``fc``."""
+    """A ``Transformer``'s parameters in ``ReferenceLM``'s layout, so the reference can start
+    from the platform's own initial draw. SwiGLU's gate and up go into the reference's ``fc``."""
     params = dict(model.named_parameters(remove_duplicate=False))  # tied: lm_head and tok_emb
     out: dict[str, torch.Tensor] = {}
     for key, value in params.items():
         name = key.removeprefix("decoder.").removeprefix("encoder.")
         if name.startswith("blocks."):
             _, i, rest = name.split(".", 2)
-            module, _, param = rest.rpartition(".")
-            if module == "mlp.fn.up":
-                gate = params.get(key.replace(".up.", ".gate."))
-                out[f"blocks.{i}.fc.{param}"] = value if gate is None else torch.cat([gate, value])
-            elif module in _BLOCK_KEYS:
-                out[f"blocks.{i}.{_BLOCK_KEYS[module]}.{param}"] = value
-            elif module != "mlp.fn.gate":
-                raise KeyError(f"no reference parameter for {key}")
+            target = _reference_name(rest)
+            if target is None:
+                continue
+            gate = params.get(key.replace(".up.", ".gate.")) if target.startswith("fc.") else None
+            out[f"blocks.{i}.{target}"] = value if gate is None else torch.cat([gate, value])
         else:
             out[{"tok_emb.weight": "wte.weight", "pos.table.weight": "wpe.weight",
                  "lm_head.weight": "head.weight"}.get(name) or name.replace("final_norm", "ln_f")] = value

@@ -1,42 +1,14 @@
-"""Time to the reference's validation loss: the issue-9 goal "reach the reference's val loss in
-at most 0.8x the reference's wall time".
+"""``--to-loss``: the platform's wall time to the reference's validation loss (target <= 0.8x).
 
-Per round, two processes, timed from their start (imports, data and compile included) to exit:
-
-1. ``ref``: the hand-written model (benchmarks/reference_gpt.py), starting from the platform's
-   own initial weights (``--ref-own-init``: its own draw), in a plain loop over the experiment's
-   own train batches, with its AdamW settings and lr schedule, for the experiment's fixed number
-   of steps; then one validation on the experiment's validation set (the same fixed windows,
-   token-weighted, as the platform's ``val/loss``);
-2. ``platform``: the full ``scalelab-train`` at the experiment's defaults (validation, samples,
-   checkpoints, MLflow into a temp SQLite store), plus Lightning's ``EarlyStopping`` with
-   ``stopping_threshold`` = the reference's val loss of that round, added from the command line.
-
-Reported per preset: median wall of each, the median ratio platform/ref (target <= 0.8; a round
-that never reached the loss counts as infinite), the steps at which the platform stopped, and in
-how many rounds it reached the loss at all (it validates every ``train.val_every`` steps, so it
-can only stop on such a step or at the end).
-
-"Reached" means a val loss at most the reference's plus ``--loss-tolerance`` (default
-:data:`LOSS_TOLERANCE`, 0.005). Both sides train one recipe from one start, so whatever separates
-their last losses is precision: bf16 against fp32 moved it by -0.0011..+0.0023 over six seeded
-rounds here, either way, a coin flip around the reference's. Strict "at most" (``--loss-tolerance
-0``) then passes a median of three rounds about half the time whatever the speed. 0.005 is half
-the issue's own bar for "the same loss" in bf16 (within 0.01) and below the reference's seed-to-
-seed spread (up to +-0.01, :func:`reference_model`). The rounds that reached strictly are
-reported beside it (``strict``). Also the median ``val gap`` (platform minus
-reference val loss, which decides "reached") and ``walls`` (platform wall / reference wall of each
-round, reached or not: the speed apart from the loss). Both sides start from the same weights and
-train the same recipe on the same batches, so in fp32 they end a whole run within 1e-6
-(shakespeare_char) to 1e-4 (the default experiment) of each other; what remains between them is
-precision, sampled over seeds with ``--seeds``.
-
-    python -m benchmarks train --to-loss [--presets shakespeare_char] [--rounds 2]
-    python -m benchmarks train --to-loss -- train.max_steps=300   # overrides for both sides
-    python -m benchmarks train --to-loss --platform-override optim.lr=2e-3   # a recipe change
-    python -m benchmarks train --to-loss --ref-own-init   # the reference draws its own weights
-    python -m benchmarks train --to-loss --rounds 3 --seeds 1337,1,2   # a seed a round
-    python -m benchmarks train --to-loss --loss-tolerance 0   # strictly at most the reference's
+Per round, each side is one process timed from start to exit: (1) the hand-written model
+(reference_gpt.py), from the platform's initial weights (``--ref-own-init``: its own draw), in a
+plain loop over the experiment's train batches, AdamW settings, lr schedule and steps, then one
+validation on the experiment's validation windows; (2) the full ``scalelab-train`` at the
+experiment's defaults with Lightning's ``EarlyStopping`` at the reference's val loss plus
+``--loss-tolerance``. A round that never reaches it counts as an infinite ratio. Both sides
+train one recipe from one start, so what separates their last losses is precision (bf16 lands
+either side of fp32); the default tolerance is half of "the same loss in bf16" (0.01) and below
+the reference's seed-to-seed spread. ``--loss-tolerance 0`` is the strict rule.
 """
 
 from __future__ import annotations
@@ -51,6 +23,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from benchmarks.platform_run import PlatformRun, source_env
+from benchmarks.presets import ROOT
+from benchmarks.verdict import Column, median
 
 CHILD = "--_ref-child"
 OWN_INIT = "--own-init"
@@ -76,11 +52,9 @@ def _val_loss(model: Any, dm: Any, objective: str) -> float:
 
 
 def reference_model(model_cfg: Any, seed: int, own_init: bool) -> Any:
-    """The hand-written model, from the platform's own initial draw unless ``own_init``.
-
-    The platform's weights are ``torch.manual_seed(seed); Transformer(cfg)``. The reference
-    drawing its own (the same distribution, its own parameter order) moves the last val loss
-    by up to ±0.01 from seed to seed, more than any speed or precision effect this compares."""
+    """The hand-written model, from the platform's own initial draw (``torch.manual_seed(seed);
+    Transformer(cfg)``) unless ``own_init``: a draw of its own moves the last val loss by more
+    than any speed or precision effect this compares."""
     import torch
 
     from benchmarks.reference_gpt import ReferenceLM, state_from_transformer
@@ -95,10 +69,9 @@ def reference_model(model_cfg: Any, seed: int, own_init: bool) -> Any:
 
 
 def train_batches(dm: Any, steps: int) -> Iterator[dict[str, Any]]:
-    """``steps`` train batches in the order ``scalelab-train`` trains on them. Its DataModule
-    counts each batch in ``on_before_batch_transfer`` (a Lightning hook) and starts the next epoch
-    where the last one ended; called here the same way, so a run longer than an epoch goes on to
-    new batches instead of replaying the first epoch's."""
+    """``steps`` train batches in the order ``scalelab-train`` trains on them: through the
+    DataModule's ``on_before_batch_transfer`` hook, which counts batches, so a new epoch goes on
+    where the last one ended instead of replaying the first."""
     batches = iter(dm.train_dataloader())
     for _ in range(steps):
         try:
@@ -109,23 +82,23 @@ def train_batches(dm: Any, steps: int) -> Iterator[dict[str, Any]]:
         yield dm.on_before_batch_transfer(batch, 0)
 
 
-def ref_child(preset: str, overrides: list[str], own_init: bool = False) -> None:
+def ref_child(overrides: list[str], own_init: bool = False) -> None:
     """Subprocess body: train the reference for the experiment's steps; print JSON."""
     import torch
 
-    from benchmarks.bench_train import PRESETS, PlainLoop, prepare_preset
-    from scalelab.runtime import thread_plan
+    from benchmarks.plain_loop import PlainLoop
+    from benchmarks.presets import prepare_preset
     from scalelab.training.schedules import build_lr_lambda
 
-    torch.set_num_threads(int(os.environ.get("SCALELAB_BENCH_THREADS") or thread_plan().threads))
-    prep = prepare_preset([*PRESETS[preset], *overrides], n_batches=1)
+    if os.environ.get("SCALELAB_BENCH_THREADS"):
+        torch.set_num_threads(int(os.environ["SCALELAB_BENCH_THREADS"]))
+    prep = prepare_preset(overrides, n_batches=1)
     spec, dm = prep["spec"], prep["datamodule"]
     loop = PlainLoop(reference_model(prep["model_cfg"], int(prep["cfg"].seed), own_init), prep, "ref")
     sched = torch.optim.lr_scheduler.LambdaLR(loop.opt, build_lr_lambda(spec.optim, spec.max_steps))
     t0 = time.perf_counter()
     for batch in train_batches(dm, spec.max_steps):
-        loop.batches = [batch]
-        loop.i = 0
+        loop.batches, loop.i = [batch], 0
         loop.step()
         sched.step()
     train_s = time.perf_counter() - t0
@@ -133,18 +106,15 @@ def ref_child(preset: str, overrides: list[str], own_init: bool = False) -> None
                       "steps": spec.max_steps, "train_s": train_s}))
 
 
-def run_ref(preset: str, threads: int, overrides: list[str], own_init: bool = False) -> dict[str, Any]:
-    from benchmarks.bench_train import child_cpu
-
-    env = {**os.environ, "SCALELAB_BENCH_THREADS": str(threads)}
-    t0, cpu0 = time.time(), child_cpu()
-    flags = [OWN_INIT] if own_init else []
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.to_loss", CHILD, preset, *flags, *overrides], env=env,
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
-    wall, cpu = time.time() - t0, child_cpu() - cpu0
+def run_ref(overrides: list[str], threads: int, own_init: bool = False) -> dict[str, Any]:
+    env = {**source_env(ROOT / "src"), "SCALELAB_BENCH_THREADS": str(threads)}
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.to_loss", CHILD, *[OWN_INIT] * own_init, *overrides],
+                          env=env, capture_output=True, text=True, cwd=ROOT)
+    wall = time.time() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"reference run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall, "cpu_total_s": cpu}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall}
 
 
 def early_stop_override(threshold: float) -> str:
@@ -159,83 +129,57 @@ def reached(val_loss: float | None, target: float) -> bool:
     return val_loss is not None and val_loss <= target + 1e-6
 
 
-def _round(name: str, overrides: list[str], workdir: Path, threads: int, extra: list[str],
-           platform_only: list[str], own_init: bool, tolerance: float) -> dict[str, Any]:
+def _round(overrides: list[str], workdir: Path, threads: int, platform_only: list[str],
+           own_init: bool, tolerance: float) -> dict[str, Any]:
     """One reference run, then one platform run that stops at the reference's loss (+ tolerance)."""
-    from benchmarks.bench_train import run_platform
-
-    ref = run_ref(name, threads, extra, own_init)
+    ref = run_ref(overrides, threads, own_init)
     target = ref["val_loss"] + tolerance
-    plat = run_platform([*overrides, *extra, *platform_only, early_stop_override(target)],
-                        None, workdir, threads)
+    run = PlatformRun.start([*overrides, *platform_only, f"train.num_threads={threads}",
+                             early_stop_override(target)], workdir, tag="to_loss")
+    try:
+        plat = run.finish()
+    finally:
+        run.kill()
     ok = reached(plat["val_loss"], target)
-    return {"ref": ref, "platform": plat, "reached": ok,
-            "strict": reached(plat["val_loss"], ref["val_loss"]),
-            "wall": plat["wall_s"] / ref["wall_s"] if ok else math.inf,
-            "cpu": plat["cpu_total_s"] / ref["cpu_total_s"] if ok else math.inf}
+    return {**{f"ref_{k}": ref[k] for k in ("val_loss", "wall_s", "steps", "train_s")},
+            **{f"platform_{k}": plat[k] for k in ("val_loss", "wall_s", "steps")},
+            "reached": ok, "strict": reached(plat["val_loss"], ref["val_loss"]),
+            "val_gap": plat["val_loss"] - ref["val_loss"], "walls": plat["wall_s"] / ref["wall_s"],
+            "wall_ratio": plat["wall_s"] / ref["wall_s"] if ok else math.inf}
 
 
 def bench_to_loss(name: str, overrides: list[str], rounds: int, workdir: Path, threads: int,
                   extra: list[str] | None = None, platform_only: list[str] | None = None,
                   log: Any = print, own_init: bool = False, seeds: list[int] | None = None,
                   tolerance: float = LOSS_TOLERANCE) -> dict[str, Any]:
-    """``extra``: overrides for both sides (e.g. a shorter run); ``platform_only``: a recipe
-    change tried on the platform alone (reported as such, never silently); ``own_init``: the
-    reference draws its own initial weights instead of starting from the platform's; ``seeds``:
-    round r runs both sides at ``seed=seeds[r % len(seeds)]``; ``tolerance``: how far above the
-    reference's loss still counts as reaching it. A round that does not reach the loss counts as
-    an infinite ratio, so the median ratio passes only when most rounds reach the loss in time."""
+    """``extra``: overrides for both sides; ``platform_only``: a recipe change tried on the
+    platform alone (reported as such); ``seeds``: round r runs both sides at seed
+    ``seeds[r % len(seeds)]``; ``tolerance``: how far above the reference's loss still counts.
+    Medians over rounds; ``walls`` is each round's wall ratio whether it reached the loss or not."""
     done = []
     for r in range(rounds):  # A B A B: a change of load hits both sides alike
         seed = seeds[r % len(seeds)] if seeds else None
-        both = [*(extra or []), *([f"seed={seed}"] if seed is not None else [])]
-        one = _round(name, overrides, workdir, threads, both, platform_only or [], own_init, tolerance)
-        done.append({**one, "seed": seed})
-        ref, plat = one["ref"], one["platform"]
-        log(f"  to-loss {name} round {r + 1}/{rounds}{'' if seed is None else f' seed {seed}'}: ref "
-            f"{ref['steps']} steps val {ref['val_loss']:.4f} in {ref['wall_s']:.1f} s (training "
-            f"{ref['train_s']:.1f} s); platform val {plat['val_loss']:.4f} at step {plat['steps']} "
-            f"in {plat['wall_s']:.1f} s ({'reached' if one['reached'] else 'NOT reached'}"
-            f"{', strictly' if one['strict'] else ''}); "
-            f"ratio {one['wall']:.2f} wall, {one['cpu']:.2f} CPU seconds; load {os.getloadavg()[0]:.1f}")
-    refs, plats = [d["ref"] for d in done], [d["platform"] for d in done]
-    pairs = list(zip(plats, refs, strict=True))
-    return {"preset": name, "ref_val_loss": statistics.median(x["val_loss"] for x in refs),
-            "ref_steps": refs[0]["steps"], "ref_wall_s": statistics.median(x["wall_s"] for x in refs),
-            "ref_train_s": statistics.median(x["train_s"] for x in refs),
-            "platform_wall_s": statistics.median(x["wall_s"] for x in plats),
-            "platform_steps": [x["steps"] for x in plats],
-            "platform_val_loss": [x["val_loss"] for x in plats],
-            "platform_wall/ref_wall": statistics.median(d["wall"] for d in done),
-            # CPU seconds of each whole process (1 thread each on a busy machine): robust to load
-            "platform_cpu/ref_cpu": statistics.median(d["cpu"] for d in done),
-            "reached": sum(d["reached"] for d in done), "rounds": len(done),
-            "strict": sum(d["strict"] for d in done), "loss_tolerance": tolerance,
-            # what decides "reached", and the speed apart from it (each round, stopped or not)
-            "val_gap": statistics.median(x["val_loss"] - r["val_loss"] for x, r in pairs),
-            "walls": statistics.median(x["wall_s"] / r["wall_s"] for x, r in pairs),
-            "per_round": [{"seed": d["seed"], "ref_val_loss": d["ref"]["val_loss"],
-                           "platform_val_loss": d["platform"]["val_loss"], "ref_wall_s": d["ref"]["wall_s"],
-                           "platform_wall_s": d["platform"]["wall_s"], "wall_ratio": d["wall"],
-                           "reached": d["reached"], "strict": d["strict"]} for d in done],
-            "extra_overrides": extra or [], "platform_only_overrides": platform_only or [],
+        both = [*overrides, *(extra or []), *([f"seed={seed}"] if seed is not None else [])]
+        d = {"seed": seed, **_round(both, workdir, threads, platform_only or [], own_init, tolerance)}
+        done.append(d)
+        log(f"  to-loss {name} round {r + 1}/{rounds}{'' if seed is None else f' seed {seed}'}: ref val {d['ref_val_loss']:.4f} in "
+            f"{d['ref_wall_s']:.1f} s; platform val {d['platform_val_loss']:.4f} at step {d['platform_steps']} "
+            f"in {d['platform_wall_s']:.1f} s ({'reached' if d['reached'] else 'NOT reached'})")
+    res: dict[str, Any] = {k: median(done, k) for k in (
+        "ref_val_loss", "ref_steps", "ref_wall_s", "platform_steps", "platform_wall_s", "val_gap", "walls")}
+    n_reached, n_strict = sum(d["reached"] for d in done), sum(d["strict"] for d in done)
+    return {**res, "preset": name, "platform_wall/ref_wall": statistics.median(d["wall_ratio"] for d in done),
+            "reached": n_reached, "strict": n_strict, "rounds": len(done), "loss_tolerance": tolerance,
+            "reached_of": f"{n_reached}/{len(done)}", "strict_of": f"{n_strict}/{len(done)}",
+            "per_round": done, "platform_only_overrides": platform_only or [],
             "ref_init": "own" if own_init else "platform's"}
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    head = (f"{'preset':<17}{'ref steps':>10}{'ref val':>9}{'ref wall':>10}{'plat steps':>12}"
-            f"{'plat wall':>10}{'val gap':>9}{'walls':>7}{'reached':>9}{'wall 3/1':>10}{'cpu 3/1':>9}")
-    rows = [head, "-" * len(head)]
-    for r in results:
-        got = f"{r.get('reached', '?')}/{r.get('rounds', '?')}"
-        strict = f"{r.get('strict', '?')}/{r.get('rounds', '?')}"
-        rows.append(f"{r['preset']:<17}{r['ref_steps']:>10}{r['ref_val_loss']:>9.4f}"
-                    f"{r['ref_wall_s']:>9.1f}s{statistics.median(r['platform_steps']):>12.0f}"
-                    f"{r['platform_wall_s']:>9.1f}s{r.get('val_gap', math.nan):>+9.4f}"
-                    f"{r.get('walls', math.nan):>7.2f}{got:>9}{strict:>8}"
-                    f"{r['platform_wall/ref_wall']:>10.2f}"
-                    f"{r.get('platform_cpu/ref_cpu', math.nan):>9.2f}")
-    return "\n".join(rows)
+COLUMNS: list[Column] = [
+    ("ref steps", "ref_steps", ".0f"), ("ref val", "ref_val_loss", ".4f"), ("ref wall", "ref_wall_s", "s"),
+    ("plat steps", "platform_steps", ".0f"), ("plat wall", "platform_wall_s", "s"),
+    ("val gap", "val_gap", "+.4f"), ("walls", "walls", ".2f"), ("reached", "reached_of", ""),
+    ("strict", "strict_of", ""), ("wall 3/1", "platform_wall/ref_wall", ".2f")]
 
 
 def misses(results: list[dict[str, Any]]) -> list[str]:
@@ -245,6 +189,5 @@ def misses(results: list[dict[str, Any]]) -> list[str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == CHILD:
-        own = OWN_INIT in sys.argv
-        ref_child(sys.argv[2], [a for a in sys.argv[3:] if a != OWN_INIT], own_init=own)
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
+        ref_child([a for a in sys.argv[2:] if a != OWN_INIT], own_init=OWN_INIT in sys.argv)

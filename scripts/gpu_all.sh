@@ -1,16 +1,13 @@
 #!/usr/bin/env bash
 # Everything a lent GPU machine should run, in one go, each part bounded in time:
 #   1. make gpu-check (scripts/gpu_check.py): FSDP train, sharded checkpoint, resume, consolidate
-#   2. the GPU training bench, one preset at a time (a timeout keeps what finished)
-#   3. activation checkpointing's peak-memory saving at the bench's shape
-#   4. the MFU levers (vocabulary padding, loss in the compiled graph, batch) side by side
-#   5. host syncs per step of GPT-2 124M (benchmarks/step_parts.py --syncs): the steps that do
-#      not log should make none, or the host cannot run ahead of the GPU
+#   2. the GPU training bench (python -m benchmarks --gpu), one preset at a time (a timeout keeps
+#      what finished): the three sides' tokens/s, ratios and steady-state MFU
 # Usage: scripts/gpu_all.sh OUT_DIR [PYTHON]. Logs and JSON land in OUT_DIR; the last lines
 # printed are the tables. Exit status: the number of parts that failed.
 # Environment: GPU_DEADLINE (seconds for everything, default 1200: each part is cut to what is
 # left, so the summary is always printed), GPU_BENCH_ARGS (e.g. "--rounds 1"), GPU_PARTS (a
-# subset of "gpu_check memory levers gpt2_124m llama_124m syncs", the default and the order).
+# subset of "gpu_check gpt2_124m llama_124m", the default and the order).
 set -u
 out=${1:?usage: scripts/gpu_all.sh OUT_DIR [PYTHON]}
 py=${2:-python3}
@@ -36,25 +33,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 "$py" -c "import torch, pytorch_lightning, hydra, mlflow, tiktoken, scalelab.cli.train; \
 tiktoken.get_encoding('r50k_base'); print('torch', torch.__version__, 'lightning', \
 pytorch_lightning.__version__, 'mlflow', mlflow.__version__, torch.cuda.get_device_name(0))" || exit 99
-for name in ${GPU_PARTS:-gpu_check memory levers gpt2_124m llama_124m syncs}; do
+for name in ${GPU_PARTS:-gpu_check gpt2_124m llama_124m}; do
   case $name in
     gpu_check) part gpu_check 150 "$py" scripts/gpu_check.py --workdir /tmp/gpu_check ;;
-    memory) part memory 60 "$py" -m benchmarks.gpu_memory --json "$out/memory.json" ;;
-    levers) part levers 240 "$py" -m benchmarks.gpu_levers --json "$out/levers.json" ;;
-    syncs) part syncs 180 "$py" -m benchmarks.step_parts --syncs --preset gpt2_124m --start 20 \
-             --steps 40 optim.warmup_steps=5 ;;
     # shellcheck disable=SC2086  # GPU_BENCH_ARGS is a list of arguments
-    *) part "bench_$name" 420 "$py" -m benchmarks train --gpu --presets "$name" \
+    *) part "bench_$name" 420 "$py" -m benchmarks --gpu --presets "$name" \
          --json "$out/bench_$name.json" ${GPU_BENCH_ARGS:-} ;;
   esac
 done
 echo "== summary"
 grep -h -E "^\[(PASS|FAIL)\]|ALL PASS|^FAILED" "$out/gpu_check.log" 2>/dev/null
-grep -h "activation checkpointing" "$out/memory.log" 2>/dev/null
-grep -h "levers " "$out/levers.log" 2>/dev/null
-grep -h -A6 "^host syncs" "$out/syncs.log" 2>/dev/null
 for preset in gpt2_124m llama_124m; do
-  grep -h -A3 -E "^preset " "$out/bench_$preset.log" 2>/dev/null
+  grep -h -A2 -E "^preset " "$out/bench_$preset.log" 2>/dev/null
   grep -h -E "MFU|BELOW TARGET|round " "$out/bench_$preset.log" 2>/dev/null
 done
 exit "$failed"

@@ -1,8 +1,9 @@
-"""The bench's turn-taking between a platform run and the plain loop (benchmarks/lockstep.py,
-the PhaseTimer's lockstep mode) over real pipes and real child processes."""
+"""The bench's turn-taking between a platform run and the bench (benchmarks/lockstep.py, the
+PhaseTimer's lockstep mode) over real pipes and real child processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,8 +13,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from benchmarks.bench_train import lockstep_rates
-from benchmarks.lockstep import Pipes, take_turns
+import torch
+from benchmarks.lockstep import PausedRun, Pipes, take_turns
 from benchmarks.phase_timer import PhaseTimer
 
 # A child that takes turns as the PhaseTimer does: write a byte, wait for one back. It exits 3
@@ -38,7 +39,7 @@ def _child(pipes: Pipes, turns: int, linger_s: int = 0) -> subprocess.Popen[byte
 
 
 def test_take_turns_runs_one_step_per_turn_until_the_run_exits() -> None:
-    pipes = Pipes.open()
+    pipes = Pipes()
     proc = _child(pipes, turns=7)
     steps: list[int] = []
     try:
@@ -51,7 +52,7 @@ def test_take_turns_runs_one_step_per_turn_until_the_run_exits() -> None:
 
 
 def test_a_silent_run_is_killed_after_the_timeout() -> None:
-    pipes = Pipes.open()
+    pipes = Pipes()
     proc = _child(pipes, turns=0, linger_s=60)  # never hands over a turn
     try:
         t0 = time.monotonic()
@@ -63,8 +64,30 @@ def test_a_silent_run_is_killed_after_the_timeout() -> None:
         proc.kill()
 
 
+def test_a_paused_run_gets_one_turn_per_call_until_it_ends() -> None:
+    """--compare: the run that started first is the bench's turn for the other one."""
+    pipes = Pipes()
+    proc = _child(pipes, turns=3)
+    try:
+        paused = PausedRun(pipes, timeout_s=30)
+        paused.wait_paused()  # its first turn handed over
+        assert not paused.ended
+        for _ in range(3):
+            assert paused.turn() == (0.0, 0.0, 0)
+        assert paused.ended  # the child wrote its 3 turns and exited
+        paused.turn()  # nothing left to do, no error
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        pipes.close()
+
+
 def _trainer(step: int) -> SimpleNamespace:
-    return SimpleNamespace(global_step=step)
+    return SimpleNamespace(global_step=step, callback_metrics={"val/loss": torch.tensor(2.5)})
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.zeros(2, 50, dtype=torch.long)}
 
 
 def test_phase_timer_takes_turns_and_records_cycles_and_pauses(tmp_path: Path) -> None:
@@ -75,13 +98,13 @@ def test_phase_timer_takes_turns_and_records_cycles_and_pauses(tmp_path: Path) -
     os.write(bench_writes, b"g" * 3)  # three turns handed back, then the bench is gone
     os.close(bench_writes)
     timer = PhaseTimer(str(tmp_path / "phases.json"), lockstep=f"{run_reads},{run_writes}", skip=1)
-    module = SimpleNamespace(tokens_seen=0)
+    module = SimpleNamespace(device=torch.device("cpu"))
     for step in range(1, 6):  # optimizer steps 1..5
-        timer.on_train_batch_start(_trainer(step - 1), module, None, step)
-        module.tokens_seen += 100
+        timer.on_train_batch_start(_trainer(step - 1), module, _batch(), step)
         if step == 3:
             timer.on_validation_start(_trainer(step), module)  # lands in cycle 2 -> 3
-        timer.on_train_batch_end(_trainer(step), module, None, None, step)
+            timer.on_validation_end(_trainer(step), module)
+        timer.on_train_batch_end(_trainer(step), module, None, _batch(), step)
     timer.on_fit_end(_trainer(5), module)
     # turns after steps 1, 2, 3 were answered; after step 4 the bench was gone (EOF)
     assert os.read(bench_reads, 16) == b"s" * 4
@@ -89,6 +112,9 @@ def test_phase_timer_takes_turns_and_records_cycles_and_pauses(tmp_path: Path) -
     assert len(timer.turns.pauses) == 3
     assert [(c[2], c[3]) for c in timer.turns.cycles] == [(100, False), (100, True), (100, False)]
     assert all(c[0] >= 0 for c in timer.turns.cycles)
+    record = json.loads((tmp_path / "phases.json").read_text())
+    assert record["tokens"] == 500 and record["val_loss"] == 2.5 and record["final_step"] == 5
+    assert len(record["val_gaps"]) == 1 and record["first_step_unix"] <= record["fit_end_unix"]
     os.close(bench_reads)
     os.close(run_reads)
     os.close(run_writes)
@@ -99,40 +125,12 @@ def test_phase_timer_hands_over_every_k_steps(tmp_path: Path) -> None:
     run_reads, bench_writes = os.pipe()
     os.write(bench_writes, b"g" * 8)
     timer = PhaseTimer(str(tmp_path / "phases.json"), lockstep=f"{run_reads},{run_writes}", skip=1, every=3)
-    module = SimpleNamespace(tokens_seen=0)
+    module = SimpleNamespace(device=torch.device("cpu"))
     for step in range(1, 11):  # turns after steps 1, 4, 7, 10
-        timer.on_train_batch_start(_trainer(step - 1), module, None, step)
-        module.tokens_seen += 100
-        timer.on_train_batch_end(_trainer(step), module, None, None, step)
+        timer.on_train_batch_start(_trainer(step - 1), module, _batch(), step)
+        timer.on_train_batch_end(_trainer(step), module, None, _batch(), step)
     timer.on_fit_end(_trainer(10), module)
     assert os.read(bench_reads, 16) == b"s" * 4
     assert timer.turns is not None and [c[2] for c in timer.turns.cycles] == [300, 300, 300]
     for fd in (bench_reads, bench_writes, run_reads):  # on_fit_end closed run_writes
         os.close(fd)
-
-
-def test_lockstep_rates_leave_out_validation_and_charge_waiting_cpu() -> None:
-    phases = {"cycles": [[1.0, 1.0, 100, False]] * 2 + [[0.1, 0.1, 10, False], [9.0, 9.0, 10, True],
-                                                         [0.1, 0.1, 10, False]],
-              "pauses": [[0.2, 0.02]] * 3}
-    turns = [(5.0, 5.0, 1)] * 2 + [(0.05, 0.04, 10)] * 3
-    r = lockstep_rates(phases, turns, warmup=2)
-    assert r["tokens_per_s"] == pytest.approx(20 / 0.2)  # the validation cycle is left out
-    assert r["partner_tokens_per_s"] == pytest.approx(30 / 0.15)
-    run_cpu = 0.2 + 0.06 * 2 / 3  # waiting CPU shared over the cycles, 2 of 3 steady
-    assert r["tokens_per_cpu_s"] == pytest.approx(20 / run_cpu)
-    assert r["paused_s"] == pytest.approx(0.6) and r["turns"] == 2
-    assert r["step_s"] == pytest.approx(0.1)
-    k = lockstep_rates(phases, turns, warmup=2, steps_per_turn=10)  # turns of 10 steps
-    assert k["step_s"] == pytest.approx(0.01) and k["tokens_per_s"] == r["tokens_per_s"]
-
-
-def test_the_a_a_check_runs_the_same_loop_on_both_sides() -> None:
-    """benchmarks/lockstep_check.py, tiny: one round of a few turns completes and prints a ratio."""
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.lockstep_check", "--rounds", "1", "--turns", "6",
-         "+experiment=reverse_seq2seq", "model.d_model=16", "model.n_heads=2"],
-        cwd=root, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "round 1: child" in proc.stdout and "A/A ratios (true value 1):" in proc.stdout
