@@ -235,9 +235,6 @@ def test_step_parts_times_the_pieces_of_a_step_and_switches_the_fixes(tmp_path: 
     assert found, out[-2000:]
     on_log, n_log, others, n_others = map(int, found.groups())
     assert n_log == 1 and on_log > 0 and n_others == 11 and others == 0
-    for only in ([], ["--only", "metrics,lean_optimization"]):
-        ab = run("--ab-fixes", *only, "--block", "2", "--start", "3", "--steps", "8").splitlines()[-1]
-        assert ab.startswith("fixes on ") and "off/on" in ab and "(2 + 2 blocks of 2 steps)" in ab
 
 
 def test_loop_overhead_alternates_hand_and_lightning_blocks(tmp_path: Path) -> None:

@@ -179,9 +179,6 @@ def _check_runtime_keys(cfg: DictConfig, spec: RunSpec) -> None:
     check_precision(spec)
     cfg.trainer.precision = spec.trainer.precision  # "auto" is saved and logged as what runs
     trainer_args.check(cfg)
-    if spec.optim.flat_params and spec.world_size > 1:
-        raise ValueError(f"optim.flat_params=true needs a one-process run, but this one has "
-                         f"{spec.world_size} processes; set optim.flat_params=null or false")
 
 
 def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
