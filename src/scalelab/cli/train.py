@@ -262,7 +262,7 @@ def _tracked_run(run: CheckedRun, tracker: Any, t_start: float) -> dict[str, Any
 
 
 def _checkpoint_meta(run: CheckedRun, tracker: Any) -> dict[str, Any]:
-    """What every checkpoint of the run records about it (RunState; resume checks it)."""
+    """What every checkpoint of the run records about it (RunRecorder; resume checks it)."""
     return {
         "model_config": run.model_cfg.to_dict(),
         "objective": run.spec.objective,
