@@ -58,8 +58,8 @@ class RunCounters:
 
 
 class LossWindow:
-    """The training loss summed over one optimizer step's micro-batches, kept on the device
-    (no host sync per step); read only on the steps that log it."""
+    """The training loss summed over one logged optimizer step's micro-batches, kept on the
+    device (no host sync) until that step logs its mean."""
 
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None

@@ -117,6 +117,7 @@ class LMModule(pl.LightningModule):
         self.compiled_loss = CompiledLoss(self.model, type(self).logits_of, self.token_loss_mean)
         self.counters = RunCounters()  # saved in checkpoints (tokens_seen, flops_seen)
         self.world_size = 1  # the trainer's, read once per fit (setup), not once per step
+        self.fitting = False  # inside Trainer.fit (training_step may also run on its own)
         self.loss_window = LossWindow()
         self.val_sums = ValSums()
         self.group_summary: GroupSummary | None = None
@@ -202,7 +203,10 @@ class LMModule(pl.LightningModule):
             prompt_ids(self.tokenizer, self.sample_prompt, self.model_cfg.vocab_size)
 
     def setup(self, stage: str) -> None:
-        self.world_size = int(self.trainer.world_size)
+        self.world_size, self.fitting = int(self.trainer.world_size), stage == "fit"
+
+    def teardown(self, stage: str) -> None:
+        self.fitting = False
 
     def on_train_epoch_start(self) -> None:
         self.loss_window.reset()
@@ -215,13 +219,16 @@ class LMModule(pl.LightningModule):
         tokens, seq_len = self.batch_tokens(batch)
         # every device processes a micro-batch of the same shape
         self.counters.add(tokens * self.world_size, seq_len, self.model_cfg)
-        self.loss_window.add(loss)
+        if self.logs_this_step():  # only a logged step's micro-batch losses are kept and summed
+            self.loss_window.add(loss)
         return loss
 
     def logs_this_step(self) -> bool:
-        """Whether Lightning writes this optimizer step's metrics (every ``log_every_n_steps``,
-        and at a stop) or it is the run's last step (final/train_loss reads it). On the other
-        steps the train metrics are not computed: no norm, no host sync."""
+        """Whether Lightning writes the metrics of the optimizer step under way (every
+        ``log_every_n_steps``, and at a stop) or it is the run's last step (final/train_loss
+        reads it). On the other steps the train metrics are not computed: no norm, no sync."""
+        if not self.fitting:
+            return True
         trainer = self.trainer
         every = trainer.log_every_n_steps
         step = trainer.global_step + 1  # the step about to be taken
@@ -231,7 +238,7 @@ class LMModule(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Once per optimizer step, after every micro-batch's backward and AMP unscaling.
         loss = self.loss_window.take_mean()
-        if loss is None or not self.logs_this_step():
+        if loss is None:  # not a logging step
             return
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         self.log("train/ppl", torch.exp(loss.clamp(max=50.0)), on_step=True, on_epoch=False)
@@ -269,7 +276,9 @@ class LMModule(pl.LightningModule):
             norm = strategy.model.clip_grad_norm_(gradient_clip_val)
         else:
             params = [p for g in optimizer.param_groups for p in g["params"]]
-            norm = global_value(torch.nn.utils.clip_grad_norm_(params, gradient_clip_val))
+            # torch picks foreach kernels by itself on GPUs only; on the CPU they halve the time
+            foreach = True if self.device.type == "cpu" else None
+            norm = global_value(torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=foreach))
         if self.logs_this_step():
             norm = total_grad_norm(self.parameters()) if norm is None else norm
             self.log("grad_norm", norm.float(), on_step=True, on_epoch=False)
