@@ -26,6 +26,7 @@ from torch import nn
 from scalelab.model import ModelConfig, Transformer
 from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
+from scalelab.training.clipping import clip_gradients
 from scalelab.training.config import OptimConfig
 from scalelab.training.losses import IGNORE_INDEX, CompiledLoss, token_loss_mean, token_loss_sum
 from scalelab.training.metrics import (
@@ -33,7 +34,6 @@ from scalelab.training.metrics import (
     RunCounters,
     ValSums,
     bits_per_byte,
-    global_value,
     total_grad_norm,
 )
 from scalelab.training.optim import GroupSummary, build_optimizer
@@ -255,30 +255,10 @@ class LMModule(pl.LightningModule):
         gradient_clip_algorithm: str | None = None,
     ) -> None:
         """Clip by ``Trainer(gradient_clip_val=...)``, else ``optim.grad_clip`` (by norm), and log
-        the unclipped total norm as ``grad_norm`` on logging steps.
-
-        Norm clipping is ``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters, as
-        in Lightning's precision plugins (gradients are unscaled by then), called here because
-        it returns the norm the metric needs and because Lightning's mixed-precision plugin
-        refuses to clip for a fused optimizer even under bf16, which has no loss scaling.
-        """
+        the unclipped total norm as ``grad_norm`` on logging steps (training/clipping.py)."""
         if gradient_clip_val is None:
             gradient_clip_val, gradient_clip_algorithm = self.optim_cfg.grad_clip, "norm"
-        strategy = self.trainer.strategy
-        norm: torch.Tensor | None = None
-        if not gradient_clip_val:
-            pass
-        elif isinstance(strategy, DeepSpeedStrategy):  # its engine clips inside its step
-            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        elif str(gradient_clip_algorithm or "norm").lower() == "value":
-            torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
-        elif isinstance(strategy, FSDPStrategy):  # the root's norm covers every rank's shards
-            norm = strategy.model.clip_grad_norm_(gradient_clip_val)
-        else:
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            # torch picks foreach kernels by itself on GPUs only; on the CPU they halve the time
-            foreach = True if self.device.type == "cpu" else None
-            norm = global_value(torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=foreach))
+        norm = clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
         if self.logs_this_step():
             norm = total_grad_norm(self.parameters()) if norm is None else norm
             self.log("grad_norm", norm.float(), on_step=True, on_epoch=False)
