@@ -8,8 +8,7 @@ steps of a hand loop: the next batch from a DataLoader over the datamodule's own
 step and the lr scheduler's, with no hooks, logging or progress records. Prints the median
 microseconds a step of each and their ratio: what a hand-written loop around the same pieces
 would gain, with the host's drift hitting both alike. The bench's (3)/(2) takes turns between
-two processes and spreads ±0.05 a round, more than most single changes to the loop;
-``--ab-fixes`` in ``benchmarks.step_parts`` switches one change within a run.
+two processes and spreads ±0.05 a round, more than most single changes to the loop.
 
 The hand loop does not log; the platform's side logs at the preset's cadence (sweep_point: every
 19 steps), and ``trainer.log_every_n_steps=100000`` takes its logging steps out too.

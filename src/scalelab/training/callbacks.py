@@ -19,8 +19,7 @@ def _process_start() -> float:
 
 
 # Logged without a prefix: MLflow's run page sorts prefixed sections (train/, val/) first and
-# puts unprefixed keys after them, so the loss curves open the page and tokens/s sits with lr
-# (docs/training.md, "Chart order on a run's metrics tab").
+# puts unprefixed keys after them, so the loss curves open the page and tokens/s sits with lr.
 THROUGHPUT_KEYS = ("tokens_per_sec", "tokens_per_sec_per_device", "flops_per_sec",
                    "flops_per_sec_per_device", "mfu", "tokens_per_cpu_sec")
 
@@ -63,6 +62,7 @@ class ThroughputMonitor(pl.Callback):
         self._tokens0 = 0
         self._flops0 = 0.0
         self._last_step = -1
+        self._window = 1
         self._total_time = 0.0
         self._total_tokens = 0
         self._total_flops = 0.0
@@ -86,6 +86,7 @@ class ThroughputMonitor(pl.Callback):
             )
         self.world_size = int(trainer.world_size)
         self._t0, self._last_step = None, int(trainer.global_step)
+        self._window = window_steps(self.every_n_steps, int(trainer.log_every_n_steps))  # once per fit
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -101,7 +102,7 @@ class ThroughputMonitor(pl.Callback):
                 self.peak = peak_flops(pl_module.device, trainer.precision)
             self._start_window(pl_module)
             return
-        if step % window_steps(self.every_n_steps, int(trainer.log_every_n_steps)):
+        if step % self._window:
             return
         self._sync(pl_module)
         dt = time.perf_counter() - self._t0
