@@ -42,7 +42,7 @@ class ThroughputMonitor(pl.Callback):
     convention 6N + 12LTd). MFU = achieved FLOP/s / (peak FLOP/s per device x devices).
     The first step (startup, compilation) and validation time are left out of the windows.
 
-    Metrics: tokens_per_sec (all devices, in the progress bar),
+    Metrics: tokens_per_sec (all devices),
     tokens_per_sec_per_device, flops_per_sec, flops_per_sec_per_device,
     mfu, and on CPU tokens_per_cpu_sec (per CPU-second of this process, which stays
     meaningful on a shared machine). ``summary`` holds the run averages over all measured windows, and
@@ -120,7 +120,8 @@ class ThroughputMonitor(pl.Callback):
             # share the cores (wall-clock rates then measure the neighbours as much as us)
             metrics["tokens_per_cpu_sec"] = tokens / cpu
         for k, v in metrics.items():
-            pl_module.log(k, v, on_step=True, on_epoch=False, prog_bar=(k == "tokens_per_sec"))
+            # not prog_bar=True (a float per step for Lightning's bar): the bars read callback_metrics
+            pl_module.log(k, v, on_step=True, on_epoch=False)
         first = self.summary.get("time_to_first_step")
         self.summary = self._metrics(self._total_tokens, self._total_flops, self._total_time)
         if first is not None:

@@ -240,7 +240,9 @@ class LMModule(pl.LightningModule):
         loss = self.loss_window.take_mean()
         if loss is None:  # not a logging step
             return
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        # not prog_bar=True: Lightning turns progress-bar values into Python floats at every
+        # step (a host sync on a GPU); the platform's bars read trainer.callback_metrics
+        self.log("train/loss", loss, on_step=True, on_epoch=False)
         self.log("train/ppl", torch.exp(loss.clamp(max=50.0)), on_step=True, on_epoch=False)
         group = optimizer.param_groups[0]  # µP groups carry lr_scale: log the schedule's lr
         self.log("lr", float(group["lr"]) / group.get("lr_scale", 1.0), on_step=True, on_epoch=False)
