@@ -65,7 +65,7 @@ def _truncated(tmp: Path) -> Path:
     ("data_dir_read_only", ["paths.data_dir", "Read-only file system"]),
     ("download_offline", ["could not download", "data.path=/path/to/file"]),
     ("tokenizer_offline", ["tokenizer.name=gpt2", "TIKTOKEN_CACHE_DIR", "tokenizer=char"]),
-    ("flat_params_ddp", ["optim.flat_params=true", "2 processes", "optim.flat_params=null"]),
+    ("unknown_optim_key", ["optim.momentum"]),
 ])
 def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: list[str],
                                                           tmp_path: Path, train_cli) -> None:
@@ -78,9 +78,8 @@ def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: li
             args += ["resume=true", "run_name=nobody"]
         elif case == "unknown_model_key":
             args += ["+model.some_unknown_key=1"]
-        elif case == "flat_params_ddp":
-            args += ["optim.flat_params=true", "trainer=ddp", "trainer.accelerator=cpu",
-                     "trainer.devices=2"]
+        elif case == "unknown_optim_key":  # a key the optimizer does not have
+            args += ["+optim.momentum=0.9"]
         elif case == "garbage_ckpt_path":
             args += [f"ckpt_path={_garbage(tmp_path)}"]
         elif case == "truncated_init_from":

@@ -183,45 +183,6 @@ def test_multirun_jobs_are_numbered_under_a_parent(tmp_path: Path, train_cli) ->
         assert len(client.get_metric_history(kid.info.run_id, "val/loss")) == 1
 
 
-# scalelab-train, counting the optimizer steps Lightning's LightningOptimizer.step ran and the
-# batches Lightning's default transfer hook moved
-LAYERS_COUNTED = """
-import sys
-from collections import Counter
-import pytorch_lightning as pl
-from pytorch_lightning.core.optimizer import LightningOptimizer
-calls = Counter()
-def counted(owner, name):
-    original = getattr(owner, name)
-    def count(*args, **kwargs):
-        calls[name] += 1
-        return original(*args, **kwargs)
-    setattr(owner, name, count)
-counted(LightningOptimizer, "step")
-counted(pl.LightningModule, "transfer_batch_to_device")
-from scalelab.cli.train import main
-sys.argv[0] = "scalelab-train"
-try:
-    main()
-finally:
-    print("LAYERS", calls["step"], calls["transfer_batch_to_device"], flush=True)
-"""
-
-
-def test_a_cpu_run_takes_the_lean_step_and_no_batch_transfer(tmp_path: Path, train_cli) -> None:
-    """The shortcuts of training/lean_optimization.py and lightning_fixes.skip_noop_batch_transfer
-    apply to the platform's own one-CPU run: its optimizer steps never go through
-    ``LightningOptimizer.step`` and its batches are never moved (each is on the CPU already)."""
-    r = subprocess.run([sys.executable, "-c", LAYERS_COUNTED, *TINY, *train_cli.isolated(tmp_path),
-                        "train.max_steps=4", "train.val_every=2"], cwd=train_cli.repo, env=train_cli.env(),
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    steps, transfers = next(ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("LAYERS"))
-    assert (steps, transfers) == ("0", "0")
-    summary = json.loads(next((tmp_path / "outputs").rglob("summary.json")).read_text())
-    assert summary["status"] == "FINISHED" and summary["metrics"]["final/steps"] == 4
-
-
 def test_git_tags_come_from_the_source_tree_not_the_output_root(tmp_path: Path) -> None:
     from scalelab.tracking.meta import run_tags
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
-from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 
 from scalelab.data import DataConfig, PreparedData, TokenizerConfig, prepare
 
@@ -35,24 +31,6 @@ def shakespeare_char(shared_data_dir: Path, tmp_path_factory: pytest.TempPathFac
         cache,
         progress=False,
     )
-
-
-@contextlib.contextmanager
-def lightnings_batch() -> Iterator[None]:
-    """Lightning's own training batch and optimizer step, not scalelab's lean ones (which call
-    the hooks themselves): for tests of Lightning's hook dispatch with and without a fix."""
-    from scalelab.training.lean_batch import lean_training_batch
-    from scalelab.training.lean_optimization import lean_automatic_optimization
-
-    lean_training_batch()
-    lean_automatic_optimization()
-    lean = _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end, _AutomaticOptimization.run
-    _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end, _AutomaticOptimization.run = (
-        fn.__wrapped__ for fn in lean)
-    try:
-        yield
-    finally:
-        _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end, _AutomaticOptimization.run = lean
 
 
 def cpu_trainer(max_steps: int, tmp_path: Path | None = None, **kw) -> pl.Trainer:

@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader
 
 from scalelab.model import ModelConfig
 from scalelab.training import CausalLM, OptimConfig, TextSampler, ThroughputMonitor
-from scalelab.training.modules import total_grad_norm
+from scalelab.training.metrics import total_grad_norm
 
 from .conftest import cpu_trainer
 
@@ -131,11 +131,11 @@ def test_compile_switch_keeps_checkpoint_keys() -> None:
     assert all(k.startswith("model.") and "_orig_mod" not in k for k in module.state_dict())
     assert "val/loss" in trainer.callback_metrics
     # training ran forward + cross-entropy as one compiled graph; it computes the eager loss
-    assert module._compiled_loss is not None
+    assert module.compiled_loss.compiled is not None
     batch = next(iter(loader(4, 4)))
     eager_sum, eager_n = module.token_loss_sum(module.model(batch["input_ids"]), batch["labels"])
     assert int(eager_n) > 0
-    torch.testing.assert_close(module._train_loss(batch), eager_sum / eager_n, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(module.compiled_loss(batch), eager_sum / eager_n, rtol=1e-5, atol=1e-6)
     # validation runs eager: compiling its no-grad graph costs more than it saves
     from torch._dynamo.utils import counters
 

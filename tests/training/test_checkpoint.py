@@ -22,7 +22,7 @@ from scalelab.training.checkpoint import (
 )
 
 from .conftest import cpu_trainer
-from .test_callbacks import CharTok, T, V, loader, tiny_module
+from .test_callbacks import CharTok, T, loader, tiny_module
 
 
 def _fit(module, steps: int, tmp_path: Path, ckpt_path=None, accum: int = 2, data=None):
@@ -121,54 +121,3 @@ def test_checkpoint_in_the_old_format_still_loads(tmp_path: Path) -> None:
     assert lm.tokens_seen == 2 * 4 * 8  # restored from the old "scalelab" entry
     restore_rng_state(ckpt)  # the old RNG entry restores
     assert torch.equal(torch.get_rng_state(), ckpt["scalelab_rng"]["torch"])
-
-
-BEFORE_FUSED_QKV = Path(__file__).parent / "data" / "before_fused_qkv"
-
-
-def _fused_qkv_module() -> CausalLM:
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=V, max_seq_len=T, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2)
-    return CausalLM(cfg, OptimConfig(lr=1e-2), total_steps=6)
-
-
-def test_a_checkpoint_from_before_fused_qkv_resumes_as_the_old_code_did(tmp_path: Path) -> None:
-    """``before_fused_qkv/step4.ckpt`` was written by the code before q, k and v became one
-    parameter (commit 197ea30: ``_fit(_fused_qkv_module(), 4, ...)``); that code then resumed it
-    to step 6 and saved the weights as ``step6_weights.pt``. Its optimizer state has separate
-    q, k and v entries (GQA: 16, 8 and 8 rows). Resumed now, the run must end on the same weights:
-    dropped or misplaced Adam moments would not."""
-    old = torch.load(BEFORE_FUSED_QKV / "step4.ckpt", weights_only=True)
-    assert [len(g["params"]) for g in old["optimizer_states"][0]["param_groups"]] == [6, 14]
-    resumed = _fused_qkv_module()
-    trainer, _ = _fit(resumed, 6, tmp_path, ckpt_path=BEFORE_FUSED_QKV / "step4.ckpt")
-    assert trainer.global_step == 6
-    # flat groups (training/flat_params.py) state the per-parameter layout as AdamW would
-    assert [len(g["params"]) for g in trainer.optimizers[0].state_dict()["param_groups"]] == [4, 12]
-    want = torch.load(BEFORE_FUSED_QKV / "step6_weights.pt", weights_only=True)
-    got = resumed.model.state_dict()
-    assert list(got) == list(want)
-    for k, v in want.items():
-        torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5, msg=k)
-
-
-def test_old_optimizer_moments_are_concatenated_like_the_weights() -> None:
-    from scalelab.model.fused_layout import fused_splits
-    from scalelab.training.optim import param_groups
-    from scalelab.training.optimizer_layout import fuse_optimizer_state
-
-    old = torch.load(BEFORE_FUSED_QKV / "step4.ckpt", weights_only=True)["optimizer_states"][0]
-    model = _fused_qkv_module().model
-    groups = [g["params"] for g in param_groups(model, 0.1)[0]]
-    new = fuse_optimizer_state(old, groups, fused_splits(model))
-    assert [len(g["params"]) for g in new["param_groups"]] == [4, 12]
-    assert sorted(new["state"]) == list(range(16))
-    # decay group: old q, k, v, o, up, down (0-5) -> new qkv, o, up, down (0-3)
-    for key in ("exp_avg", "exp_avg_sq"):
-        want = torch.cat([old["state"][i][key] for i in (0, 1, 2)])
-        assert torch.equal(new["state"][0][key], want) and want.shape == (32, 16)
-        assert torch.equal(new["state"][1][key], old["state"][3][key])
-    assert new["param_groups"][0]["lr"] == old["param_groups"][0]["lr"]
-    assert fuse_optimizer_state(new, groups, fused_splits(model)) is new  # already fused
-    other = {**old, "param_groups": old["param_groups"][:1]}  # neither layout: left to torch
-    assert fuse_optimizer_state(other, groups, fused_splits(model)) is other

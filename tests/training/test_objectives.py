@@ -117,7 +117,7 @@ def test_val_metrics_are_token_weighted() -> None:
             mask = b["labels"] != -100
             total += torch.nn.functional.cross_entropy(logits[mask], b["labels"][mask], reduction="sum").item()
             n += int(mask.sum())
-    sums = module._reduced_val()
+    sums = module.val_sums.reduced(None)
     metrics = module.val_metrics(sums)
     assert sums["tokens"] == n == 19
     assert metrics["val/loss"] == pytest.approx(total / n, rel=1e-5)

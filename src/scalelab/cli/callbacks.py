@@ -1,5 +1,5 @@
-"""Platform callbacks (checkpoint contents for resume/sampling, the progress bar) and the
-user's: every ``callbacks.<name>`` entry with a ``_target_`` (a preset from ``conf/callbacks/``
+"""Platform callbacks (the run's checkpoint contents, validation steps and samples; the progress
+bar; step checkpoints; early stopping that says why) and the user's: every ``callbacks.<name>`` entry with a ``_target_`` (a preset from ``conf/callbacks/``
 or an inline ``+callbacks.<name>={_target_: ...}``), checked before any IO, then instantiated."""
 
 from __future__ import annotations
@@ -17,17 +17,22 @@ from scalelab.training.checkpoint import add_rng_state, add_run_meta, restore_rn
 log = logging.getLogger("scalelab.train")
 
 
-class RunState(pl.Callback):
-    """Adds what resume and `scalelab-sample` need to every checkpoint, as plain types.
+class RunRecorder(pl.Callback):
+    """The run's own bookkeeping in one callback (Lightning calls every hook of every callback
+    at each step, so one callback costs less than three):
 
-    - the run meta: model config dict, tokenizer spec, objective, MLflow run id;
-    - RNG states (torch, numpy, python), restored on resume so dropout/masking continue the
-      same random stream;
-    - ``hyper_parameters`` made plain so ``torch.load(weights_only=True)`` works.
+    - every checkpoint gets what resume and `scalelab-sample` need, as plain types: the run
+      meta (model config dict, tokenizer spec, objective, MLflow run id), the RNG states
+      (torch, numpy, python; restored on resume so dropout/masking continue the same random
+      stream), and ``hyper_parameters`` made plain so ``torch.load(weights_only=True)`` works;
+    - ``val_steps`` collects the optimizer step of every validation;
+    - each validation's text sample is written as ``samples/step_<N>.txt`` in the run folder
+      and, when the logger can (MLflow), as a run artifact, so the UI shows samples improving.
     """
 
-    def __init__(self, meta: dict[str, Any]) -> None:
-        self.meta = meta
+    def __init__(self, meta: dict[str, Any], out_dir: Path, val_steps: list[int]) -> None:
+        self.meta, self.out_dir, self.val_steps = meta, out_dir, val_steps
+        self.sampled_steps: set[int] = set()
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
@@ -39,6 +44,25 @@ class RunState(pl.Callback):
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
         restore_rng_state(checkpoint)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self.val_steps.append(trainer.global_step)
+        samples = getattr(pl_module, "samples", None)
+        if trainer.is_global_zero and samples:
+            self._write_sample(trainer, *samples[-1])
+
+    def _write_sample(self, trainer: pl.Trainer, step: int, text: str) -> None:
+        if step in self.sampled_steps:
+            return
+        self.sampled_steps.add(step)
+        name = f"samples/step_{step:06d}.txt"
+        (self.out_dir / "samples").mkdir(parents=True, exist_ok=True)
+        (self.out_dir / name).write_text(text)
+        log_text = getattr(trainer.logger, "log_text", None)
+        if callable(log_text):
+            log_text(text, name)
 
 
 class ProgressBar(TQDMProgressBar):
@@ -73,13 +97,11 @@ class StepCheckpoints(pl.Callback):
     """
 
     def __init__(self, dirpath: Any, steps: list[int]) -> None:
-        from pathlib import Path
-
         self.dirpath = Path(dirpath)
         self.steps = sorted({int(s) for s in steps})
         self._saved: set[int] = set()
 
-    def path(self, step: int) -> Any:
+    def path(self, step: int) -> Path:
         return self.dirpath / f"step_{step}.ckpt"
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -89,30 +111,6 @@ class StepCheckpoints(pl.Callback):
         if step in self.steps and step not in self._saved:
             self._saved.add(step)
             trainer.save_checkpoint(self.path(step))
-
-
-class SampleArtifacts(pl.Callback):
-    """Each validation's text sample as ``samples/step_<N>.txt``: in the run folder and, when
-    the logger can (MLflow), as a run artifact, so the UI shows the samples improving."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self.out_dir = out_dir
-        self._logged: set[int] = set()
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        samples = getattr(pl_module, "samples", None)
-        if trainer.sanity_checking or not trainer.is_global_zero or not samples:
-            return
-        step, text = samples[-1]
-        if step in self._logged:
-            return
-        self._logged.add(step)
-        name = f"samples/step_{step:06d}.txt"
-        (self.out_dir / "samples").mkdir(parents=True, exist_ok=True)
-        (self.out_dir / name).write_text(text)
-        log_text = getattr(trainer.logger, "log_text", None)
-        if callable(log_text):
-            log_text(text, name)
 
 
 class EarlyStopping(pl.callbacks.EarlyStopping):

@@ -158,9 +158,6 @@ def _check_runtime_keys(cfg: DictConfig, spec: RunSpec) -> None:
     check_precision(spec)
     cfg.trainer.precision = spec.trainer.precision  # "auto" is saved and logged as what runs
     trainer_args.check(cfg)
-    if spec.optim.flat_params and spec.world_size > 1:
-        raise ValueError(f"optim.flat_params=true needs a one-process run, but this one has "
-                         f"{spec.world_size} processes; set optim.flat_params=null or false")
 
 
 def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
@@ -243,7 +240,7 @@ def _tracked_run(run: CheckedRun, tracker: Any, t_start: float) -> dict[str, Any
 
 
 def _checkpoint_meta(run: CheckedRun, tracker: Any) -> dict[str, Any]:
-    """What every checkpoint of the run records about it (RunState; resume checks it)."""
+    """What every checkpoint of the run records about it (RunRecorder; resume checks it)."""
     return {
         "model_config": run.model_cfg.to_dict(),
         "objective": run.spec.objective,

@@ -25,16 +25,9 @@ def build_trainer(cfg: DictConfig, spec: RunSpec, tracker: Any, out_dir: Path,
 
 def scalelab_callbacks(spec: RunSpec, out_dir: Path, meta: dict[str, Any],
                        val_steps: list[int]) -> list[Any]:
-    import pytorch_lightning as pl
+    from scalelab.cli.callbacks import RunRecorder
 
-    from scalelab.cli.callbacks import RunState, SampleArtifacts
-
-    class _ValSteps(pl.Callback):
-        def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-            if not trainer.sanity_checking:
-                val_steps.append(trainer.global_step)
-
-    cbs: list[Any] = [RunState(meta), _ValSteps(), SampleArtifacts(out_dir)]
+    cbs: list[Any] = [RunRecorder(meta, out_dir, val_steps)]
     cbs += _checkpoint_callbacks(spec, out_dir / "checkpoints")
     if spec.trainer.enable_progress_bar:
         from scalelab.cli.progress import progress_callback

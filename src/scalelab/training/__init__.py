@@ -16,7 +16,7 @@ _EXPORTS = {
     "TextSampler": "callbacks", "ThroughputMonitor": "callbacks",
     "OptimConfig": "config",
     "CausalLM": "modules", "LMModule": "modules", "MaskedLM": "modules", "Seq2Seq": "modules",
-    "bits_per_byte": "modules", "module_class": "modules",
+    "bits_per_byte": "metrics", "module_class": "modules",
     "build_optimizer": "optim", "param_groups": "optim",
     "peak_flops": "perf",
     "build_lr_lambda": "schedules",

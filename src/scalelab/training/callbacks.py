@@ -19,8 +19,7 @@ def _process_start() -> float:
 
 
 # Logged without a prefix: MLflow's run page sorts prefixed sections (train/, val/) first and
-# puts unprefixed keys after them, so the loss curves open the page and tokens/s sits with lr
-# (docs/training.md, "Chart order on a run's metrics tab").
+# puts unprefixed keys after them, so the loss curves open the page and tokens/s sits with lr.
 THROUGHPUT_KEYS = ("tokens_per_sec", "tokens_per_sec_per_device", "flops_per_sec",
                    "flops_per_sec_per_device", "mfu", "tokens_per_cpu_sec")
 
@@ -43,7 +42,7 @@ class ThroughputMonitor(pl.Callback):
     convention 6N + 12LTd). MFU = achieved FLOP/s / (peak FLOP/s per device x devices).
     The first step (startup, compilation) and validation time are left out of the windows.
 
-    Metrics: tokens_per_sec (all devices, in the progress bar),
+    Metrics: tokens_per_sec (all devices),
     tokens_per_sec_per_device, flops_per_sec, flops_per_sec_per_device,
     mfu, and on CPU tokens_per_cpu_sec (per CPU-second of this process, which stays
     meaningful on a shared machine). ``summary`` holds the run averages over all measured windows, and
@@ -63,6 +62,7 @@ class ThroughputMonitor(pl.Callback):
         self._tokens0 = 0
         self._flops0 = 0.0
         self._last_step = -1
+        self._window = 1
         self._total_time = 0.0
         self._total_tokens = 0
         self._total_flops = 0.0
@@ -86,6 +86,7 @@ class ThroughputMonitor(pl.Callback):
             )
         self.world_size = int(trainer.world_size)
         self._t0, self._last_step = None, int(trainer.global_step)
+        self._window = window_steps(self.every_n_steps, int(trainer.log_every_n_steps))  # once per fit
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -101,7 +102,7 @@ class ThroughputMonitor(pl.Callback):
                 self.peak = peak_flops(pl_module.device, trainer.precision)
             self._start_window(pl_module)
             return
-        if step % window_steps(self.every_n_steps, int(trainer.log_every_n_steps)):
+        if step % self._window:
             return
         self._sync(pl_module)
         dt = time.perf_counter() - self._t0
@@ -119,7 +120,8 @@ class ThroughputMonitor(pl.Callback):
             # share the cores (wall-clock rates then measure the neighbours as much as us)
             metrics["tokens_per_cpu_sec"] = tokens / cpu
         for k, v in metrics.items():
-            pl_module.log(k, v, on_step=True, on_epoch=False, prog_bar=(k == "tokens_per_sec"))
+            # not prog_bar=True (a float per step for Lightning's bar): the bars read callback_metrics
+            pl_module.log(k, v, on_step=True, on_epoch=False)
         first = self.summary.get("time_to_first_step")
         self.summary = self._metrics(self._total_tokens, self._total_flops, self._total_time)
         if first is not None:

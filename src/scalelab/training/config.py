@@ -25,8 +25,6 @@ class OptimConfig:
     decay_embeddings: bool = False  # also decay token/position embedding tables
     grad_clip: float = 1.0  # max total grad 2-norm; 0 disables clipping
     fused: bool | None = None  # None = fused kernel when torch supports the device, else foreach
-    # one flat tensor per group (training/flat_params.py); None = on for one-process eager runs
-    flat_params: bool | None = None
 
     # Schedule: a multiplier on lr per optimizer step (LambdaLR, interval "step")
     schedule: str = "cosine"  # cosine | wsd | constant

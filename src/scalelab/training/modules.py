@@ -8,8 +8,8 @@ metrics. Subclasses only say how a batch becomes a loss and what else validation
     MaskedLM  encoder,          batch {input_ids, labels (-100 = not masked), attention_mask if padded}
     Seq2Seq   encoder_decoder,  batch {src_ids, src_mask, tgt_in, tgt_mask, labels (-100 = pad)}
 
-Do not override ``on_before_batch_transfer`` here: the DataModules count consumed batches in
-it (the data position that resumes from a checkpoint).
+Only Lightning's public hooks are used. Do not override ``on_before_batch_transfer`` here: the
+DataModules count consumed batches in it (the data position that resumes from a checkpoint).
 """
 
 from __future__ import annotations
@@ -20,50 +20,28 @@ from typing import Any, ClassVar
 
 import pytorch_lightning as pl
 import torch
-import torch.nn.functional as F
-from pytorch_lightning.plugins.precision import MixedPrecision
-from pytorch_lightning.strategies import FSDPStrategy
+from pytorch_lightning.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from torch import nn
 
 from scalelab.model import ModelConfig, Transformer
-from scalelab.model.fused_layout import fused_splits
 from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import STATE_KEY, module_state, read_module_state
+from scalelab.training.clipping import clip_gradients
 from scalelab.training.config import OptimConfig
-from scalelab.training.flat_params import FlatAdamW, fits_one_tensor
-from scalelab.training.hook_plan import plain_setattr
-from scalelab.training.lean_batch import lean_training_batch
-from scalelab.training.lean_optimization import lean_automatic_optimization
-from scalelab.training.lightning_fixes import (
-    find_training_results_directly,
-    fit_logs_this_step,
-    remember_hook_signatures,
-    skip_empty_module_hooks,
-    skip_inherited_callback_hooks,
-    skip_noop_batch_transfer,
-    skip_noop_result_moves,
-    skip_unchanged_step_metrics,
+from scalelab.training.losses import IGNORE_INDEX, CompiledLoss, token_loss_mean, token_loss_sum
+from scalelab.training.metrics import (
+    LossWindow,
+    RunCounters,
+    ValSums,
+    bits_per_byte,
+    total_grad_norm,
 )
-from scalelab.training.optim import GroupSummary, build_optimizer, param_groups
-from scalelab.training.optimizer_layout import fuse_optimizer_state
+from scalelab.training.optim import GroupSummary, build_optimizer
+from scalelab.training.sampling import prompt_ids, sample_text
 from scalelab.training.schedules import build_lr_lambda
 
-IGNORE_INDEX = -100
-LN2 = math.log(2.0)
-# Plain attributes written on every step: Lightning sets `_current_fx_name` before and after
-# each hook it calls (~50 times a step), this module its counters. nn.Module.__setattr__ checks
-# every write against parameters, buffers and submodules: 2.2 us against 0.2 us for a plain one.
-_PLAIN_STEP_ATTRS = frozenset({"_current_fx_name", "_win_loss", "_win_n", "tokens_seen", "flops_seen"})
-
-
-def bits_per_byte(loss_nats_per_token: float, bytes_per_token: float) -> float:
-    """Bits per UTF-8 byte from a mean token loss in nats: loss / ln 2 / (bytes / token).
-
-    It does not depend on the tokenizer, so runs with different vocabularies compare.
-    """
-    if bytes_per_token <= 0:
-        raise ValueError(f"bytes_per_token={bytes_per_token!r}: must be > 0")
-    return loss_nats_per_token / LN2 / bytes_per_token
+__all__ = ["IGNORE_INDEX", "OBJECTIVES", "CausalLM", "LMModule", "MaskedLM", "Seq2Seq",
+           "bits_per_byte", "module_class", "total_grad_norm"]
 
 
 def _as_model_cfg(cfg: ModelConfig | dict[str, Any]) -> ModelConfig:
@@ -74,16 +52,6 @@ def _as_optim_cfg(cfg: OptimConfig | dict[str, Any] | None) -> OptimConfig:
     if cfg is None:
         return OptimConfig()
     return cfg if isinstance(cfg, OptimConfig) else OptimConfig.from_dict(dict(cfg))
-
-
-def total_grad_norm(parameters: Any) -> torch.Tensor:
-    """Total 2-norm over all gradients (one number, as clip_grad_norm_ sees it)."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return torch.tensor(0.0)
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    full = getattr(norm, "full_tensor", None)  # DTensor (FSDP2): gather the global value
-    return full() if callable(full) else norm
 
 
 class LMModule(pl.LightningModule):
@@ -108,6 +76,9 @@ class LMModule(pl.LightningModule):
 
     arch: ClassVar[str] = ""
     objective: ClassVar[str] = ""
+    # Whether every label of a training batch is scored (no IGNORE_INDEX): the causal LM's are
+    # the next tokens. Then the token mean is cross-entropy's own.
+    every_label_scored: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -127,15 +98,6 @@ class LMModule(pl.LightningModule):
         sample_top_k: int | None = 200,
     ) -> None:
         super().__init__()
-        skip_noop_result_moves()  # each self.log walked and deep-copied Lightning's holder
-        skip_inherited_callback_hooks()  # 48 callback calls a step, 4 of them with code
-        skip_unchanged_step_metrics()  # a gather and two .item() a step, for values unchanged
-        skip_empty_module_hooks()  # ~12 module/strategy hooks a step, half of them empty
-        lean_automatic_optimization()  # five layers that pass each optimizer step along
-        lean_training_batch()  # the loop's own layers and lookups around each batch
-        skip_noop_batch_transfer()  # four hook lookups and a new dict for a batch already there
-        remember_hook_signatures()  # training_step's signature, read at every batch and self.log
-        find_training_results_directly()  # which also finds its results through two properties
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
@@ -152,28 +114,16 @@ class LMModule(pl.LightningModule):
         self.model = Transformer(mcfg)
         self.model.set_activation_checkpointing(activation_checkpointing)
         self.model.set_block_regions(bool(compile and compile_blocks_once))
-        # forward + loss as one compiled graph, built at the first training step; kept out of
-        # _modules, so state_dict keys stay clean
-        self._compiled_loss: Any = None
-
-        # Counters over all devices and micro-batches; saved in checkpoints.
-        self.tokens_seen: int = 0
-        self.flops_seen: float = 0.0  # model FLOPs (training, ModelConfig.flops_per_token)
-        self._flops_per_token: dict[int, int] = {}
+        self.compiled_loss = CompiledLoss(self.model, type(self).logits_of, self.token_loss_mean)
+        self.counters = RunCounters()  # saved in checkpoints (tokens_seen, flops_seen)
+        self.world_size = 1  # the trainer's, read once per fit (setup), not once per step
+        self.fitting = False  # inside Trainer.fit (training_step may also run on its own)
+        self.loss_window = LossWindow()
+        self.val_sums = ValSums()
         self.group_summary: GroupSummary | None = None
         self.last_sample: str | None = None
         self.samples: list[tuple[int, str]] = []  # (global_step, text) per validation
         self.last_val: dict[str, float] = {}  # the latest validation metrics, as floats
-        self._win_loss: torch.Tensor | None = None  # loss sum over the accumulation window
-        self._win_n = 0
-        self._val: dict[str, torch.Tensor] = {}
-
-    @plain_setattr  # hook_plan may write _current_fx_name to __dict__ itself
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _PLAIN_STEP_ATTRS:  # never a parameter, buffer or submodule
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
 
     def _check_args(self, mcfg: ModelConfig, total_steps: int, bytes_per_token: float | None) -> None:
         if self.arch and mcfg.arch != self.arch:
@@ -207,40 +157,23 @@ class LMModule(pl.LightningModule):
             "sample_top_k": self.sample_top_k,
         })
 
-    # --- model ---------------------------------------------------------------------------
-    def on_fit_start(self) -> None:
-        # A prompt the tokenizer cannot encode should fail now, not at the first validation.
-        if self.sample_every_val and self.tokenizer is not None and self.arch == "decoder":
-            self._prompt_ids(self.sample_prompt)
+    @property
+    def tokens_seen(self) -> int:
+        """Tokens trained on so far, all devices and micro-batches."""
+        return self.counters.tokens
 
-    def _prompt_ids(self, prompt: str) -> list[int]:
-        try:
-            ids = [int(i) for i in self.tokenizer.encode(prompt)] if prompt else []
-        except Exception as e:
-            raise ValueError(f"sample_prompt={prompt!r} cannot be encoded by the tokenizer: {e}") from e
-        bad = [i for i in ids if not 0 <= i < self.model_cfg.vocab_size]
-        if bad:
-            raise ValueError(
-                f"sample_prompt={prompt!r} encodes to ids {bad} outside the model vocabulary "
-                f"(vocab_size={self.model_cfg.vocab_size}); use a prompt the tokenizer knows"
-            )
-        if not ids:  # an empty prompt starts from the end-of-text token
-            ids = [int(getattr(self.tokenizer, "eot_id", 0) or 0)]
-        return ids
+    @tokens_seen.setter
+    def tokens_seen(self, value: int) -> None:
+        self.counters.tokens = int(value)
 
-    def _train_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        if not self.use_compile:
-            return self.token_loss_mean(self(batch), batch["labels"])
-        if self._compiled_loss is None:
-            # The loss compiles with the forward, so the cross-entropy fuses with the logits'
-            # upcast: outside the graph it wrote and read the fp32 logits (3.3 GB a step at
-            # GPT-2's 16 x 1024 x 50k). Built at the first step, from the module the strategy
-            # has set up by then. Only training compiles: validation and sampling run eager.
-            # Compiled, GPT-2 124M's validation events on an H200 averaged 13.4 s, by inference
-            # mostly the no-grad graph's compile, for 6 forward passes at the defaults.
-            self.__dict__["_compiled_loss"] = torch.compile(
-                _train_loss(self.model, type(self).logits_of, self.token_loss_mean))
-        return self._compiled_loss(batch)
+    @property
+    def flops_seen(self) -> float:
+        """Model training FLOPs so far (``ModelConfig.flops_per_token(training=True)``)."""
+        return self.counters.flops
+
+    @flops_seen.setter
+    def flops_seen(self, value: float) -> None:
+        self.counters.flops = float(value)
 
     # --- per-objective pieces ---------------------------------------------------------------
     @staticmethod
@@ -257,88 +190,65 @@ class LMModule(pl.LightningModule):
         x = batch["input_ids"]
         return x.numel(), x.shape[1]
 
-    @staticmethod
-    def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum of token cross-entropies in nats, number of scored tokens)."""
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-        )
-        return loss, (labels != IGNORE_INDEX).sum()
-
-    # Whether every label of a training batch is scored (no IGNORE_INDEX): the causal LM's are
-    # the next tokens. Then the token mean is cross-entropy's own, and no batch has none scored.
-    every_label_scored = False
+    token_loss_sum = staticmethod(token_loss_sum)
 
     def token_loss_mean(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean token cross-entropy in nats over the scored labels; 0 where none is."""
-        if self.every_label_scored:
-            # One kernel and its backward, where the sum, count, clamp and divide take five:
-            # 30-60 us of a sweep point's ~2.8 ms training step + backward on a 2-core Intel
-            # Xeon (docs/performance.md, twenty-sixth session).
-            # A batch with no scored label would read NaN here, which cannot happen.
-            return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
-                                   ignore_index=IGNORE_INDEX)
-        loss_sum, n = self.token_loss_sum(logits, labels)
-        return loss_sum / n.clamp(min=1)
+        return token_loss_mean(logits, labels, self.every_label_scored)
 
     # --- training --------------------------------------------------------------------------
-    def _world_size(self) -> int:
-        return int(self._trainer.world_size) if self._trainer is not None else 1
+    def on_fit_start(self) -> None:
+        # A prompt the tokenizer cannot encode should fail now, not at the first validation.
+        if self.sample_every_val and self.tokenizer is not None and self.arch == "decoder":
+            prompt_ids(self.tokenizer, self.sample_prompt, self.model_cfg.vocab_size)
 
-    def _count(self, batch: dict[str, torch.Tensor]) -> None:
-        tokens, seq_len = self.batch_tokens(batch)
-        tokens *= self._world_size()  # every device processes a micro-batch of the same shape
-        fpt = self._flops_per_token.get(seq_len)
-        if fpt is None:
-            fpt = self._flops_per_token[seq_len] = self.model_cfg.flops_per_token(
-                training=True, seq_len=seq_len
-            )
-        self.tokens_seen += tokens
-        self.flops_seen += float(fpt) * tokens
+    def setup(self, stage: str) -> None:
+        self.world_size, self.fitting = int(self.trainer.world_size), stage == "fit"
+
+    def teardown(self, stage: str) -> None:
+        self.fitting = False
+
+    def on_train_epoch_start(self) -> None:
+        self.loss_window.reset()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self._train_loss(batch)
-        self._count(batch)
-        d = loss.detach()
-        self._win_loss = d if self._win_loss is None else self._win_loss + d
-        self._win_n += 1
+        if self.use_compile:
+            loss = self.compiled_loss(batch)
+        else:
+            loss = self.token_loss_mean(self(batch), batch["labels"])
+        tokens, seq_len = self.batch_tokens(batch)
+        # every device processes a micro-batch of the same shape
+        self.counters.add(tokens * self.world_size, seq_len, self.model_cfg)
+        if self.logs_this_step():  # only a logged step's micro-batch losses are kept and summed
+            self.loss_window.add(loss)
         return loss
 
+    def logs_this_step(self) -> bool:
+        """Whether Lightning writes the metrics of the optimizer step under way (every
+        ``log_every_n_steps``, and at a stop) or it is the run's last step (final/train_loss
+        reads it). On the other steps the train metrics are not computed: no norm, no sync."""
+        if not self.fitting:
+            return True
+        trainer = self.trainer
+        every = trainer.log_every_n_steps
+        step = trainer.global_step + 1  # the step about to be taken
+        last = trainer.max_steps > 0 and step >= trainer.max_steps
+        return last or trainer.should_stop or (every > 0 and step % every == 0)
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # Runs once per optimizer step, after all micro-batches' backward and AMP unscaling,
-        # before clipping: the logged grad_norm is the unclipped one.
-        if not self._logging_step():
-            # Lightning writes step metrics only every log_every_n_steps: computing the grad
-            # norm and logging 5 values on the other steps was pure per-step overhead.
-            self._win_loss, self._win_n = None, 0
+        # Once per optimizer step, after every micro-batch's backward and AMP unscaling.
+        loss = self.loss_window.take_mean()
+        if loss is None:  # not a logging step
             return
-        if self._win_loss is not None and self._win_n:
-            loss = self._win_loss / self._win_n  # mean over the accumulation window
-            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
-            self.log("train/ppl", torch.exp(loss.clamp(max=50.0)), on_step=True, on_epoch=False)
-        self._win_loss, self._win_n = None, 0
-        self.log("grad_norm", total_grad_norm(self.parameters()).float(), on_step=True, on_epoch=False)
+        # not prog_bar=True: Lightning turns progress-bar values into Python floats at every
+        # step (a host sync on a GPU); the platform's bars read trainer.callback_metrics
+        self.log("train/loss", loss, on_step=True, on_epoch=False)
+        self.log("train/ppl", torch.exp(loss.clamp(max=50.0)), on_step=True, on_epoch=False)
         group = optimizer.param_groups[0]  # µP groups carry lr_scale: log the schedule's lr
         self.log("lr", float(group["lr"]) / group.get("lr_scale", 1.0), on_step=True, on_epoch=False)
         # float64 keeps token counts exact (float32 rounds above 2**24 = 16.7M).
         self.log("tokens_seen", torch.tensor(self.tokens_seen, dtype=torch.float64),
                  on_step=True, on_epoch=False)
-
-    def _logging_step(self) -> bool:
-        """Whether Lightning sends this optimizer step's metrics to the logger (its own
-        every-``log_every_n_steps`` test) or it is the run's last step (final/train_loss)."""
-        trainer = self._trainer
-        if trainer is None:
-            return True
-        if trainer.max_steps > 0 and trainer.global_step + 1 >= trainer.max_steps:
-            return True
-        return fit_logs_this_step(trainer)
-
-    def _clip_value(self) -> float:
-        trainer = self._trainer
-        if trainer is not None and trainer.gradient_clip_val is not None:
-            return float(trainer.gradient_clip_val)
-        return float(self.optim_cfg.grad_clip)
 
     def configure_gradient_clipping(
         self,
@@ -346,40 +256,20 @@ class LMModule(pl.LightningModule):
         gradient_clip_val: int | float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        # Trainer(gradient_clip_val=...) wins when given; otherwise optim.grad_clip (by norm).
+        """Clip by ``Trainer(gradient_clip_val=...)``, else ``optim.grad_clip`` (by norm), and log
+        the unclipped total norm as ``grad_norm`` on logging steps (training/clipping.py)."""
         if gradient_clip_val is None:
-            if not self.optim_cfg.grad_clip:
-                return
             gradient_clip_val, gradient_clip_algorithm = self.optim_cfg.grad_clip, "norm"
-        if isinstance(optimizer, FlatAdamW) and str(gradient_clip_algorithm or "norm").lower() == "norm":
-            if gradient_clip_val > 0:  # the same formula over one flat gradient (flat_params.py)
-                optimizer.clip_grad_norm_(float(gradient_clip_val))
-            return
-        if isinstance(self.trainer.strategy, FSDPStrategy) and gradient_clip_val > 0:
-            # Lightning's FSDPPrecision refuses norm clipping; the FSDP root module computes the
-            # norm over every rank's shards (a local clip_grad_norm_ would see one shard only).
-            if str(gradient_clip_algorithm or "norm").lower() == "value":
-                torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
-            else:
-                self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
-            return
-        plugin = self.trainer.precision_plugin
-        if isinstance(plugin, MixedPrecision) and plugin.scaler is None and gradient_clip_val > 0:
-            # bf16 autocast has no loss scaling, so clipping is safe with a fused optimizer;
-            # Lightning's AMP plugin refuses fused + clipping for fp16 and bf16 alike.
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            if str(gradient_clip_algorithm or "norm").lower() == "value":
-                torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
-            else:
-                torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
-            return
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        norm = clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if self.logs_this_step():
+            norm = total_grad_norm(self.parameters()) if norm is None else norm
+            self.log("grad_norm", norm.float(), on_step=True, on_epoch=False)
 
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optim_cfg
-        trainer = self._trainer
-        scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
-        if scaler is not None and self._clip_value() > 0:
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        clip = self.trainer.gradient_clip_val
+        if scaler is not None and (clip if clip is not None else cfg.grad_clip):
             # fp16 loss scaling: a fused AdamW unscales inside step(), after clipping would
             # have run on scaled grads, so Lightning forbids the combination. Use foreach.
             if cfg.fused:
@@ -390,130 +280,67 @@ class LMModule(pl.LightningModule):
                 )
             cfg = replace(cfg, fused=False)
         opt, self.group_summary = build_optimizer(
-            self.model, cfg, hidden_lr_scale=1.0 / self.model.cfg.width_multiplier,
-            flat=self._flat_params(cfg))
+            self.model, cfg, hidden_lr_scale=1.0 / self.model.cfg.width_multiplier)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, build_lr_lambda(cfg, self.total_steps))
         return {
             "optimizer": opt,
             "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1, "name": "lr"},
         }
 
-    def _flat_params(self, cfg: OptimConfig) -> bool:
-        """Whether the optimizer steps one flat tensor per group (training/flat_params.py):
-        ``optim.flat_params``, or by default in a one-process run that does not compile (DDP
-        and FSDP own the gradients' layout; Dynamo's handling of parameters that are views of one
-        tensor is not measured)."""
-        from pytorch_lightning.strategies import SingleDeviceStrategy
-
-        trainer = self._trainer
-        one_process = trainer is not None and isinstance(trainer.strategy, SingleDeviceStrategy)
-        if cfg.flat_params is None:
-            trainable = (p for p in self.model.parameters() if p.requires_grad)
-            return one_process and not self.use_compile and fits_one_tensor(trainable)
-        if cfg.flat_params and not one_process:
-            name = type(trainer.strategy).__name__ if trainer is not None else "no trainer"
-            raise ValueError(f"optim.flat_params=true needs a one-process run, not {name}; "
-                             "set optim.flat_params=null or false")
-        return bool(cfg.flat_params)
-
-    def on_train_epoch_start(self) -> None:
-        self._win_loss, self._win_n = None, 0
-
     # --- validation --------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
-        self._val = {}
-
-    def _val_add(self, **values: torch.Tensor) -> None:
-        for k, v in values.items():
-            v = v.detach().double()
-            self._val[k] = v if k not in self._val else self._val[k] + v
+        self.val_sums.reset()
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         logits = self(batch)
         loss_sum, n = self.token_loss_sum(logits, batch["labels"])
-        self._val_add(loss_sum=loss_sum, tokens=n)
+        self.val_sums.add(loss_sum=loss_sum, tokens=n)
         self.extra_validation(batch, logits)
 
     def extra_validation(self, batch: dict[str, torch.Tensor], logits: torch.Tensor) -> None:
-        """Subclass hook: accumulate more sums with ``self._val_add``."""
-
-    def _reduced_val(self) -> dict[str, float]:
-        keys = sorted(self._val)
-        if not keys:
-            return {}
-        stacked = torch.stack([self._val[k] for k in keys])
-        if self._trainer is not None and self.trainer.world_size > 1:
-            stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")
-        return {k: float(v) for k, v in zip(keys, stacked.tolist(), strict=True)}
+        """Subclass hook: accumulate more sums with ``self.val_sums.add``."""
 
     def val_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """Turn global sums into metrics (token-weighted, exact over the whole val set)."""
         loss = sums["loss_sum"] / max(sums["tokens"], 1.0)
-        out = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
-        return out
+        return {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
 
     def on_validation_epoch_end(self) -> None:
-        sums = self._reduced_val()
+        sums = self.val_sums.reduced(self.trainer)
         if not sums:
             return
-        metrics = self.val_metrics(sums)
-        self.last_val = metrics
+        self.last_val = metrics = self.val_metrics(sums)
         for k, v in metrics.items():
             # already reduced over ranks above; every rank logs the same value
             self.log(k, v, prog_bar=(k == "val/loss"), sync_dist=True)
-        self._val = {}
-        trainer = self._trainer
-        if (
-            self.sample_every_val
-            and self.tokenizer is not None
-            and self.arch == "decoder"
-            and trainer is not None
-            and not trainer.sanity_checking
-            and trainer.is_global_zero
-            and not self.weights_sharded()
-        ):
+        self.val_sums.reset()
+        trainer = self.trainer
+        if (self.sample_every_val and self.tokenizer is not None and self.arch == "decoder"
+                and not trainer.sanity_checking and trainer.is_global_zero and not self.weights_sharded()):
             self.last_sample = self.sample()
             self.samples.append((int(trainer.global_step), self.last_sample))
 
     def weights_sharded(self) -> bool:
         """FSDP/DeepSpeed/ModelParallel shard the weights: outside a forward (here, at
         validation end) rank 0 alone cannot run the model, so in-training samples are skipped."""
-        from pytorch_lightning.strategies import DeepSpeedStrategy, ModelParallelStrategy
-
         return isinstance(self.trainer.strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy))
 
     # --- text ---------------------------------------------------------------------------
-    @torch.no_grad()
-    def sample(
-        self,
-        prompt: str | None = None,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_k: int | None = -1,
-        seed: int = 1234,
-    ) -> str:
-        """Decode prompt + continuation (decoders; needs ``self.tokenizer``).
-
-        Runs under a forked RNG with a fixed seed: sampling does not change the training
-        random stream, so a run is the same with or without samples.
-        """
+    def sample(self, prompt: str | None = None, max_new_tokens: int | None = None,
+               temperature: float | None = None, top_k: int | None = -1, seed: int = 1234) -> str:
+        """Decode prompt + continuation (decoders; needs ``self.tokenizer``); ``None`` (and
+        ``top_k=-1``) take the module's sample settings. Seeded: training's RNG is untouched."""
         if self.tokenizer is None:
             raise RuntimeError("sample() needs a tokenizer: pass tokenizer= to the module")
         if not self.model.causal:
             raise RuntimeError(f"sample() needs a decoder; model.arch={self.model_cfg.arch!r}")
-        ids = self._prompt_ids(self.sample_prompt if prompt is None else prompt)
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            out = self.model.generate(
-                x,
-                self.sample_tokens if max_new_tokens is None else int(max_new_tokens),
-                temperature=self.sample_temperature if temperature is None else float(temperature),
-                top_k=self.sample_top_k if top_k == -1 else top_k,
-                vocab_limit=getattr(self.tokenizer, "vocab_size", None),
-            )
-        return self.tokenizer.decode(out[0].tolist())
+        ids = prompt_ids(self.tokenizer, self.sample_prompt if prompt is None else prompt,
+                         self.model_cfg.vocab_size)
+        return sample_text(
+            self.model, self.tokenizer, ids, self.device,
+            max_new_tokens=self.sample_tokens if max_new_tokens is None else int(max_new_tokens),
+            temperature=self.sample_temperature if temperature is None else float(temperature),
+            top_k=self.sample_top_k if top_k == -1 else top_k, seed=seed)
 
     # --- checkpoints ----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -521,14 +348,6 @@ class LMModule(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.tokens_seen, self.flops_seen = read_module_state(checkpoint)
-        if checkpoint.get("optimizer_states"):  # saved before q, k, v were fused: re-index
-            cfg = self.optim_cfg  # the groups configure_optimizers will build
-            groups = [g["params"] for g in param_groups(
-                self.model, cfg.weight_decay, cfg.decay_embeddings,
-                1.0 / self.model.cfg.width_multiplier)[0]]
-            splits = fused_splits(self.model)
-            checkpoint["optimizer_states"] = [
-                fuse_optimizer_state(s, groups, splits) for s in checkpoint["optimizer_states"]]
 
 
 class CausalLM(LMModule):
@@ -563,7 +382,7 @@ class MaskedLM(LMModule):
         labels = batch["labels"]
         scored = labels != IGNORE_INDEX
         correct = ((logits.argmax(-1) == labels) & scored).sum()
-        self._val_add(correct=correct)
+        self.val_sums.add(correct=correct)
 
     def val_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         out = super().val_metrics(sums)
@@ -622,7 +441,7 @@ class Seq2Seq(LMModule):
         labels = batch["labels"]
         pred = self.greedy_decode(batch, labels.shape[1])
         ok = (pred == labels) | (labels == IGNORE_INDEX)  # positions after eos are -100
-        self._val_add(exact=ok.all(dim=1).sum(), sequences=torch.tensor(labels.shape[0]))
+        self.val_sums.add(exact=ok.all(dim=1).sum(), sequences=torch.tensor(labels.shape[0]))
 
     def val_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         out = super().val_metrics(sums)
@@ -643,12 +462,3 @@ def module_class(objective_or_arch: str) -> type[LMModule]:
             f"(or a model.arch: {sorted(ARCH_TO_OBJECTIVE)})"
         )
     return OBJECTIVES[key]
-
-
-def _train_loss(model: nn.Module, logits_of: Any, loss_mean: Any) -> Any:
-    """``batch -> mean token loss``: what ``LMModule`` compiles as one graph."""
-
-    def train_loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return loss_mean(logits_of(model, batch), batch["labels"])
-
-    return train_loss

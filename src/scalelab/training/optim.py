@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from scalelab.training.config import OptimConfig
-from scalelab.training.flat_params import FlatAdamW
 
 # Parameters held directly (not in an nn.Embedding) that are embeddings by name.
 _EMBED_NAME = re.compile(r"(^|\.)(wte|wpe|tok_emb\w*|pos_emb\w*|\w*embed\w*|\w*embedding\w*)(\.|$)")
@@ -104,25 +103,25 @@ def _split_hidden(group: dict[str, Any], named: list[tuple[str, nn.Parameter]],
             {**group, "params": hidden, "name": "decay_hidden", "lr_scale": lr_scale}]
 
 
+# Device types with a fused AdamW kernel in torch (float16/bfloat16/float32/float64 parameters).
+# AdamW itself checks only at its first step, too late for a clear configuration error.
+FUSED_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu", "hpu"})
+
+
 def fused_available(params: list[torch.Tensor]) -> bool:
     """Whether torch has a fused AdamW kernel for every parameter's device and dtype."""
-    try:
-        from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
-        devices = set(_get_fused_kernels_supported_devices())
-    except ImportError:  # older torch: CUDA only
-        devices = {"cuda"}
-    return bool(params) and all(
-        p.device.type in devices and torch.is_floating_point(p) for p in params
-    )
+    return bool(params) and all(p.device.type in FUSED_DEVICES and torch.is_floating_point(p)
+                                for p in params)
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, hidden_lr_scale: float = 1.0,
-                    flat: bool = False) -> tuple[torch.optim.AdamW, GroupSummary]:
-    """AdamW over :func:`param_groups`; fused kernel when available (or forced by ``cfg.fused``).
-    ``hidden_lr_scale`` is µP's 1/m for the hidden matrices (1.0: one lr for all). ``flat``:
-    one flat tensor per group (:class:`~scalelab.training.flat_params.FlatAdamW`); the module's
-    parameters become views into them."""
+def build_optimizer(model: nn.Module, cfg: OptimConfig,
+                    hidden_lr_scale: float = 1.0) -> tuple[torch.optim.AdamW, GroupSummary]:
+    """``torch.optim.AdamW`` over :func:`param_groups`. ``hidden_lr_scale`` is µP's 1/m for the
+    hidden matrices (1.0: one lr for all).
+
+    ``optim.fused``: true = torch's fused kernel (one kernel per group and step), false =
+    ``foreach``, null = fused where torch has it for the parameters, else ``foreach``.
+    """
     groups, summary = param_groups(model, cfg.weight_decay, cfg.decay_embeddings, hidden_lr_scale)
     for g in groups:
         g["lr"] = cfg.lr * g.get("lr_scale", 1.0)
@@ -134,7 +133,6 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, hidden_lr_scale: float =
             f"optim.fused=true but torch {torch.__version__} has no fused AdamW for device(s) {devs}; "
             "set optim.fused=null (auto) or false"
         )
-    kwargs: dict[str, Any] = {"fused": True} if fused else {"foreach": None}  # None: torch picks foreach on GPU
-    kind = FlatAdamW if flat else torch.optim.AdamW
-    opt = kind(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kwargs)
+    kind: dict[str, Any] = {"fused": True} if fused else {"foreach": True}
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kind)
     return opt, summary
