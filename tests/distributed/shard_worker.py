@@ -23,7 +23,6 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from scalelab.model import ModelConfig, Transformer
-from scalelab.model.fused_layout import keep_fused
 from scalelab.training.checkpoint import model_config
 from scalelab.training.distributed import block_classes, release_distributed
 
@@ -36,7 +35,6 @@ def main(src: str, out: str) -> None:
     key = next(k for k in ck["state_dict"] if k.endswith("tok_emb.weight"))
     prefix = key[: -len("tok_emb.weight")]
     model.load_state_dict({k[len(prefix):]: v for k, v in ck["state_dict"].items()})
-    keep_fused(model)  # as ScalelabFSDPStrategy does: the shards hold qkv_proj, as FSDP1's do
     for m in model.modules():
         if isinstance(m, tuple(block_classes())):
             fully_shard(m)
@@ -44,7 +42,6 @@ def main(src: str, out: str) -> None:
     sd = model.state_dict()
     w = sd["tok_emb.weight"]
     assert isinstance(w, DTensor) and w.to_local().shape[0] < w.shape[0], "not sharded"
-    assert any(k.endswith("qkv_proj.weight") for k in sd), "fused layout expected"
     print(f"rank {rank}/{world}: tok_emb local {tuple(w.to_local().shape)} of {tuple(w.shape)}",
           flush=True)
     _distributed_checkpoint_save({"model": {prefix + k: v for k, v in sd.items()}}, Path(out))

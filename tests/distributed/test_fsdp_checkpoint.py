@@ -1,7 +1,6 @@
 """FSDP as far as a CPU allows: a truly sharded checkpoint (2 gloo ranks, one shard file each)
 converts into one plain checkpoint that loads with weights_only=True, equals the original
-weights exactly (in the plain q_proj/k_proj/v_proj layout, though the shards hold the fused
-qkv_proj as FSDP1's do), and works with the sampling, export and HF export CLIs."""
+weights exactly, and works with the sampling, export and HF export CLIs."""
 
 from __future__ import annotations
 

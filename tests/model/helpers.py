@@ -33,10 +33,15 @@ def on_rows(layer: torch.nn.Module, x: torch.Tensor, ctx: AttnContext, **kw: Any
     return layer(x.flatten(0, 1), ctx, **kw).view(x.shape)
 
 
-def project(module: torch.nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
-    """x through the Linear saved as ``name`` in module's state_dict."""
-    sd = module.state_dict()
-    return F.linear(x, sd[f"{name}.weight"], sd.get(f"{name}.bias"))
+def project(attn: torch.nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+    """x through attention's q, k or v projection (``name``: "q", "k" or "v"): a Linear of its
+    own in cross-attention, a slice of the fused ``qkv_proj`` rows in self-attention."""
+    if hasattr(attn, "qkv_proj"):
+        i = "qkv".index(name)
+        start, stop = sum(attn.splits[:i]), sum(attn.splits[:i + 1])
+        bias = attn.qkv_proj.bias
+        return F.linear(x, attn.qkv_proj.weight[start:stop], None if bias is None else bias[start:stop])
+    return getattr(attn, f"{name}_proj")(x)
 
 
 def ref_attention(attn: torch.nn.Module, x: torch.Tensor, memory: torch.Tensor | None = None,
@@ -44,16 +49,14 @@ def ref_attention(attn: torch.nn.Module, x: torch.Tensor, memory: torch.Tensor |
     """Attention written out by hand from a module's weights: softmax(q k^T / sqrt(hd)) v.
 
     K/V heads are repeated for GQA (query head h uses K/V head h // (n_heads / n_kv_heads)).
-    The weights come from the saved layout (``q_proj``, ``k_proj``, ``v_proj``), which also
-    checks that a fused projection saves as its parts.
     """
     src = x if memory is None else memory
     b, t, d = x.shape
     s = src.shape[1]
     h, kv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    q = project(attn, "q_proj", x).view(b, t, h, hd).transpose(1, 2)
-    k = project(attn, "k_proj", src).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
-    v = project(attn, "v_proj", src).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
+    q = project(attn, "q", x).view(b, t, h, hd).transpose(1, 2)
+    k = project(attn, "k", src).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
+    v = project(attn, "v", src).view(b, s, kv, hd).transpose(1, 2).repeat_interleave(h // kv, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
     allowed = torch.ones(t, s, dtype=torch.bool)
     if causal:

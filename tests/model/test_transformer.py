@@ -51,8 +51,8 @@ def test_model_level_gqa_equals_mha_and_mqa_shapes(n_kv_heads: int) -> None:
         other.load_state_dict(mha.state_dict())
         x = ids(2, 8)
         torch.testing.assert_close(other(x), mha(x))
-    else:  # MQA: one K/V head of head_dim for all query heads
-        assert other.state_dict()["decoder.blocks.0.self_attn.fn.k_proj.weight"].shape == (8, 32)
+    else:  # MQA: one K/V head of head_dim for all query heads: q 32 rows, k and v 8 each
+        assert other.state_dict()["decoder.blocks.0.self_attn.fn.qkv_proj.weight"].shape == (48, 32)
 
 
 CACHE_CASES = [

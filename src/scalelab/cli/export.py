@@ -27,7 +27,7 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
     cfg = ModelConfig.from_dict(model_config_dict(ckpt))
     model = Transformer(cfg)
     model.load_state_dict(model_state_dict(ckpt))  # fails here, not later, if keys do not match
-    # through the model: one layout (q_proj, k_proj, v_proj) whichever the checkpoint holds
+    # through the model: the saved tensors are exactly the model's, contiguous and detached
     sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     out = Path(out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)

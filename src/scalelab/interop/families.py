@@ -5,9 +5,11 @@ Three families, matched by the options that change the computation:
   llama  pre-RMSNorm decoder, SwiGLU, RoPE (half-split, as HF's rotate_half) -> LlamaForCausalLM
   bert   post-LN LayerNorm encoder, GELU (tanh or exact), learned positions, biases, an embedding
          LayerNorm and BERT's MLM transform (model.embed_norm, model.mlm_head) -> BertForMaskedLM
-Weights are mapped by our state_dict() KEYS only, so a module that fuses projections
-internally but keeps the keys (helper "perf") needs no change here. This module imports
-only torch: the import path reads safetensors without transformers.
+Weights are mapped by state_dict keys. Our self-attention keeps q, k and v in one Linear,
+``qkv_proj`` (rows q, then k, then v); GPT-2's ``c_attn`` is the same matrix transposed (its
+Conv1D stores [in, out]), while Llama and BERT keep three matrices, so the rows are split on
+export and joined on import. This module imports only torch: the import path reads safetensors
+without transformers.
 """
 
 from __future__ import annotations
@@ -97,13 +99,14 @@ def _pairs(cfg: ModelConfig, family: str) -> list[tuple[str, str, Fn, Fn]]:
             for p in ("weight", "bias"):
                 add(f"{o}.self_attn.norm.{p}", f"{h}.ln_1.{p}")
                 add(f"{o}.mlp.norm.{p}", f"{h}.ln_2.{p}")
+            add(f"{o}.self_attn.fn.qkv_proj.weight", f"{h}.attn.c_attn.weight", _t, _t)
+            add(f"{o}.self_attn.fn.qkv_proj.bias", f"{h}.attn.c_attn.bias")
             add(f"{o}.self_attn.fn.o_proj.weight", f"{h}.attn.c_proj.weight", _t, _t)
             add(f"{o}.self_attn.fn.o_proj.bias", f"{h}.attn.c_proj.bias")
             add(f"{o}.mlp.fn.up.weight", f"{h}.mlp.c_fc.weight", _t, _t)
             add(f"{o}.mlp.fn.up.bias", f"{h}.mlp.c_fc.bias")
             add(f"{o}.mlp.fn.down.weight", f"{h}.mlp.c_proj.weight", _t, _t)
             add(f"{o}.mlp.fn.down.bias", f"{h}.mlp.c_proj.bias")
-            # q, k, v are fused in c_attn: handled in to_hf / from_hf
         for p in ("weight", "bias"):
             add(f"decoder.final_norm.{p}", f"transformer.ln_f.{p}")
     elif family == "llama":
@@ -114,8 +117,7 @@ def _pairs(cfg: ModelConfig, family: str) -> list[tuple[str, str, Fn, Fn]]:
             add(f"{o}.mlp.norm.weight", f"{h}.post_attention_layernorm.weight")
             ps = ("weight", "bias") if cfg.bias else ("weight",)
             for p in ps:
-                for proj in ("q", "k", "v", "o"):
-                    add(f"{o}.self_attn.fn.{proj}_proj.{p}", f"{h}.self_attn.{proj}_proj.{p}")
+                add(f"{o}.self_attn.fn.o_proj.{p}", f"{h}.self_attn.o_proj.{p}")
                 for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
                     add(f"{o}.mlp.fn.{ours}.{p}", f"{h}.mlp.{theirs}.{p}")
         add("decoder.final_norm.weight", "model.norm.weight")
@@ -126,9 +128,6 @@ def _pairs(cfg: ModelConfig, family: str) -> list[tuple[str, str, Fn, Fn]]:
         for i in range(n):
             o, h = f"encoder.blocks.{i}", f"bert.encoder.layer.{i}"
             for p in ("weight", "bias"):
-                add(f"{o}.self_attn.fn.q_proj.{p}", f"{h}.attention.self.query.{p}")
-                add(f"{o}.self_attn.fn.k_proj.{p}", f"{h}.attention.self.key.{p}")
-                add(f"{o}.self_attn.fn.v_proj.{p}", f"{h}.attention.self.value.{p}")
                 add(f"{o}.self_attn.fn.o_proj.{p}", f"{h}.attention.output.dense.{p}")
                 add(f"{o}.self_attn.norm.{p}", f"{h}.attention.output.LayerNorm.{p}")
                 add(f"{o}.mlp.fn.up.{p}", f"{h}.intermediate.dense.{p}")
@@ -143,17 +142,37 @@ def _pairs(cfg: ModelConfig, family: str) -> list[tuple[str, str, Fn, Fn]]:
     return rows
 
 
+def _split_qkv(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str, str, str]]]:
+    """(our fused qkv_proj tensor, the HF tensors holding its q, k and v rows) for the families
+    that keep q, k and v apart (Llama, BERT); GPT-2's c_attn is a plain row of _pairs."""
+    if family == "gpt2":
+        return []
+    rows: list[tuple[str, tuple[str, str, str]]] = []
+    suffixes = ("weight", "bias") if cfg.bias else ("weight",)
+    for i in range(cfg.n_layers):
+        if family == "llama":
+            ours, h = f"decoder.blocks.{i}.self_attn.fn.qkv_proj", f"model.layers.{i}.self_attn"
+            names = (f"{h}.q_proj", f"{h}.k_proj", f"{h}.v_proj")
+        else:
+            ours, h = f"encoder.blocks.{i}.self_attn.fn.qkv_proj", f"bert.encoder.layer.{i}.attention.self"
+            names = (f"{h}.query", f"{h}.key", f"{h}.value")
+        for p in suffixes:
+            q, k, v = (f"{n}.{p}" for n in names)
+            rows.append((f"{ours}.{p}", (q, k, v)))
+    return rows
+
+
+def _qkv_rows(cfg: ModelConfig) -> list[int]:
+    kv = cfg.kv_heads * cfg.head_dim
+    return [cfg.d_model, kv, kv]
+
+
 def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our state_dict -> the HF model's state_dict (tied output weights left to HF)."""
     family = family_of(cfg)
     out = {theirs: to(sd[ours]) for ours, theirs, to, _ in _pairs(cfg, family)}
-    if family == "gpt2":
-        for i in range(cfg.n_layers):
-            a = f"decoder.blocks.{i}.self_attn.fn"
-            out[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat(
-                [sd[f"{a}.{p}_proj.weight"] for p in "qkv"], dim=0).t().contiguous()
-            out[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat(
-                [sd[f"{a}.{p}_proj.bias"] for p in "qkv"])
+    for ours, theirs in _split_qkv(cfg, family):
+        out.update(zip(theirs, sd[ours].split(_qkv_rows(cfg)), strict=True))
     if family == "bert":
         d = cfg.d_model
         out["bert.embeddings.token_type_embeddings.weight"] = torch.zeros(1, d)
@@ -165,22 +184,14 @@ def to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 def from_hf(cfg: ModelConfig, family: str, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The HF model's tensors -> our state_dict for Transformer(cfg)."""
     missing = [t for _, t, _, _ in _pairs(cfg, family) if t not in hf]
-    if family == "gpt2":
-        missing += [f"transformer.h.{i}.attn.c_attn.{p}" for i in range(cfg.n_layers)
-                    for p in ("weight", "bias") if f"transformer.h.{i}.attn.c_attn.{p}" not in hf]
+    missing += [t for _, theirs in _split_qkv(cfg, family) for t in theirs if t not in hf]
     if missing:
         raise NoEquivalentError(
             f"the Hugging Face weights lack {len(missing)} tensor(s) a {HF_CLASS[family]} needs, "
             f"e.g. {missing[:3]}")
     sd = {ours: back(hf[theirs]) for ours, theirs, _, back in _pairs(cfg, family)}
-    if family == "gpt2":
-        d = cfg.d_model
-        for i in range(cfg.n_layers):
-            a, h = f"decoder.blocks.{i}.self_attn.fn", f"transformer.h.{i}.attn.c_attn"
-            w, b = hf[f"{h}.weight"].t(), hf[f"{h}.bias"]
-            for j, p in enumerate("qkv"):
-                sd[f"{a}.{p}_proj.weight"] = w[j * d:(j + 1) * d].contiguous()
-                sd[f"{a}.{p}_proj.bias"] = b[j * d:(j + 1) * d].contiguous()
+    for ours, theirs in _split_qkv(cfg, family):
+        sd[ours] = torch.cat([hf[t] for t in theirs])
     if family == "bert":
         bias = hf.get("cls.predictions.decoder.bias", hf.get("cls.predictions.bias"))
         if bias is None:

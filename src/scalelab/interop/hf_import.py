@@ -77,9 +77,11 @@ def load_into(model: Transformer, source: str | Path) -> str:
     """Copy HF weights into an existing model (``model.init_from=hf:PATH``); the shapes must
     agree exactly. Returns the family."""
     family, cfg, sd = load_hf(source)
-    ours = {k: v for k, v in model.cfg.to_dict().items() if k not in ("dropout", "init_std")}
-    theirs = {k: v for k, v in cfg.to_dict().items() if k not in ("dropout", "init_std")}
-    diff = sorted(k for k in ours if ours[k] != theirs[k] and k != "scale_residual_init")
+    # settings that do not change the weights' meaning may differ
+    free = ("dropout", "init_std", "scale_residual_init", "attention")
+    ours = {k: v for k, v in model.cfg.to_dict().items() if k not in free}
+    theirs = {k: v for k, v in cfg.to_dict().items() if k not in free}
+    diff = sorted(k for k in ours if ours[k] != theirs[k])
     if diff:
         raise NoEquivalentError(
             f"model.init_from={source}: the configured model differs from the checkpoint in "

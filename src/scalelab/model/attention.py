@@ -1,31 +1,33 @@
-"""Multi-head attention via F.scaled_dot_product_attention (self and cross, MHA/GQA/MQA).
+"""Multi-head attention (self and cross, MHA/GQA/MQA) over rows [B * T, d].
 
-K and V have ``n_kv_heads`` heads. With fewer K/V heads than query heads (GQA, or MQA
-with 1), SDPA's ``enable_gqa`` lets each K/V head serve n_heads/n_kv_heads query heads;
-no weights are copied. Masks arrive precomputed in an AttnContext so attention has no
-knowledge of positions or architecture beyond "rotate q/k" and "add this mask".
+K and V have ``n_kv_heads`` heads; with fewer than the query heads (GQA, or MQA with 1) each
+K/V head serves n_heads / n_kv_heads query heads. Masks arrive precomputed in an AttnContext,
+so attention knows nothing of positions beyond "rotate q and k" and "add this mask".
 
-Activations arrive as rows, [B * T, d], one per token (the Transformer flattens them once after
-the embedding): a Linear then runs one GEMM on its input as it is, where a [B, T, d] input costs
-a view before and after the GEMM and a node for each in backward. At a CPU sweep point's size
-(d 12, 2 layers) that was ~2.5 % of a training step (docs/performance.md). Attention is the one
-place that needs B and T back; the AttnContext carries them.
+``model.attention`` picks how softmax(q k^T * scale + mask) v is computed, once per layer:
+  sdpa  ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels where available)
+  math  the same formula in plain torch ops: matmul, softmax, matmul. Readable, and a way
+        around a backend whose SDPA kernels are slow at some shape; which is faster depends on
+        the device and the torch build, so it is a setting, never guessed at run time.
+Both give the same result to float rounding (tests/model/test_attention.py).
+
+Activations travel as rows, one per token, so each Linear is one GEMM on its input as it is;
+attention is the one place that needs B and T back, and the AttnContext carries them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused_layout, small_head_attention
-from .config import ModelConfig
+from .config import ATTENTIONS, ModelConfig
 from .positions import Rotary, _identity
-
-_REDUCED = (torch.bfloat16, torch.float16)  # dtypes whose CPU attention backward runs in fp32
+from .variants import check_registry
 
 
 @dataclass
@@ -39,11 +41,7 @@ class AttnContext:
     # additive float mask broadcastable to [B, H, Tq, Tk]: 0 / bias where allowed, a very
     # negative number where not (padding, future). None: no mask.
     mask: torch.Tensor | None = None
-    is_causal: bool = False  # SDPA's fast causal path; only used when mask is None
-    # Whether this forward's self-attention takes the CPU small-head path: asked by the first
-    # layer that may take it and kept for the others (they see the same shapes, dtype and
-    # threads). None: not asked yet. The question cost ~10 us a layer inside a forward.
-    small_heads: bool | None = None
+    is_causal: bool = False  # causal with Tq == Tk and no mask (SDPA's fast path)
 
 
 class KVCache:
@@ -58,21 +56,64 @@ class KVCache:
         return 0 if self.k is None else self.k.shape[2]
 
 
+# q [B, H, Tq, hd], k and v [B, Hkv, Tk, hd], mask, is_causal, dropout, scale -> [B, H, Tq, hd]
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, bool,
+                        float, float], torch.Tensor]
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   is_causal: bool, dropout: float, scale: float) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``. A bf16/fp16 CPU forward that will be differentiated
+    runs it in fp32: torch's CPU flash-attention backward is several times slower in bf16 than
+    in fp32, which would make bf16 training slower than fp32 training. Autocast would cast the
+    inputs straight back, so it is off for the call."""
+    gqa = k.shape[1] != q.shape[1]
+    if q.dtype in _REDUCED and q.device.type == "cpu" and q.requires_grad:
+        with torch.autocast("cpu", enabled=False):
+            y = F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), attn_mask=None if mask is None else mask.float(),
+                dropout_p=dropout, is_causal=is_causal, enable_gqa=gqa, scale=scale)
+        return y.to(q.dtype)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=None if mask is None else mask.to(q.dtype), dropout_p=dropout,
+        is_causal=is_causal, enable_gqa=gqa, scale=scale)
+
+
+def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   is_causal: bool, dropout: float, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v in plain torch ops (the textbook formula)."""
+    if k.shape[1] != q.shape[1]:  # GQA: query head i reads K/V head i // (H / Hkv)
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        scores = scores + mask
+    elif is_causal:  # query i sees keys 0..i
+        future = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    p = torch.softmax(scores, dim=-1).to(v.dtype)
+    if dropout:
+        p = F.dropout(p, dropout)
+    return p @ v
+
+
+ATTENTION_FUNCTIONS: dict[str, AttentionFn] = {"sdpa": sdpa_attention, "math": math_attention}
+check_registry("attention", ATTENTION_FUNCTIONS, ATTENTIONS)
+
+
 class _Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        d = cfg.d_model
         self._make_projections(cfg)  # before o_proj: parameters in the order q, k, v, o
-        self.o_proj = nn.Linear(d, d, bias=cfg.bias)
+        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.o_proj.residual_out = True  # type: ignore[assignment]  # scaled at init (GPT-2)
         self.dropout = cfg.dropout
-        self.small_heads = small_head_attention.may_apply(cfg.head_dim, cfg.dropout)
-        # µP: 1/sqrt(head_dim * m), i.e. sqrt(base head_dim) / head_dim: the 1/head_dim law
-        # that keeps attention logits O(1) as heads widen, equal to SDPA's default 1/sqrt(hd)
-        # (None) at the base width, so an lr tuned there means the same model.
-        m = cfg.width_multiplier
-        self.scale = 1.0 / math.sqrt(cfg.head_dim * m) if cfg.parametrization == "mup" else None
+        self.attention = ATTENTION_FUNCTIONS[cfg.attention]
+        # 1/sqrt(head_dim); under µP 1/sqrt(head_dim * m), the 1/head_dim law that keeps the
+        # logits O(1) as heads widen, equal to the standard scale at the base width (m = 1).
+        self.scale = 1.0 / math.sqrt(cfg.head_dim * cfg.width_multiplier)
 
     def _make_projections(self, cfg: ModelConfig) -> None:
         raise NotImplementedError
@@ -84,73 +125,28 @@ class _Attention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 ctx: AttnContext) -> torch.Tensor:
         dropout = self.dropout if self.training else 0.0
-        causal = ctx.is_causal and ctx.mask is None
-        if q.dtype in _REDUCED and q.device.type == "cpu" and q.requires_grad:
-            y = self._sdpa_in_fp32(q, k, v, ctx.mask, dropout, causal)  # takes the fp32 mask as is
-        else:  # (the small-head path is fp32 only)
-            mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
-            if self.small_heads and self._takes_small_heads(q, k, mask, causal, dropout, ctx):
-                y = small_head_attention.attention(q, k, v, mask, causal, self.scale)
-            else:
-                y = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
-                    enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)
+        y = self.attention(q, k, v, ctx.mask, ctx.is_causal and ctx.mask is None, dropout, self.scale)
         b, _, t, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(b * t, self.n_heads * self.head_dim))
-
-    def _sdpa_in_fp32(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      mask: torch.Tensor | None, dropout: float, causal: bool) -> torch.Tensor:
-        """SDPA of bf16/fp16 q, k, v computed in fp32, returned in their dtype.
-
-        torch's CPU flash attention runs its backward 4-5x slower in bf16 than in fp32 (a
-        shakespeare_char layer, 2 threads on an AMX Xeon: 4.7 against 1.1 ms forward + backward;
-        the forward alone is as fast). Through it bf16 autocast trained at 0.8-0.9x fp32's speed;
-        with attention in fp32, at 1.3-1.6x (docs/performance.md, bf16 on CPU). Autocast would
-        cast the inputs back to bf16, so it is off for this call."""
-        dtype = q.dtype
-        with torch.autocast("cpu", enabled=False):
-            y = F.scaled_dot_product_attention(
-                q.float(), k.float(), v.float(), attn_mask=None if mask is None else mask.float(),
-                dropout_p=dropout, is_causal=causal, enable_gqa=self.n_kv_heads != self.n_heads,
-                scale=self.scale)
-        return y.to(dtype)
-
-    @staticmethod
-    def _takes_small_heads(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
-                           causal: bool, dropout: float, ctx: AttnContext) -> bool:
-        """The stack's answer for this forward (``AttnContext.small_heads``), asked once."""
-        choice = ctx.small_heads
-        if choice is None:
-            choice = small_head_attention.chosen(q, k, mask, causal, dropout)
-            if not torch.compiler.is_compiling():  # a traced block region must not write to ctx
-                ctx.small_heads = choice
-        return choice
 
 
 class SelfAttention(_Attention):
     """Causal (decoder) or bidirectional (encoder); which one is decided by ctx's mask.
 
-    q, k and v come from one (d + 2 kv) x d projection, ``qkv_proj``, as in a hand-written
-    GPT's ``c_attn``: one GEMM and one parameter instead of three (fewer tensors for the
-    optimizer and no weight concatenation per step). ``state_dict`` still holds ``q_proj``,
-    ``k_proj`` and ``v_proj`` (:mod:`.fused_layout`), so checkpoints, exports and HF interop
-    keep their layout and load either way.
+    q, k and v come from one (d + 2 kv) x d Linear, ``qkv_proj`` (GPT-2's ``c_attn``): one GEMM
+    instead of three. It is saved under that name; the Hugging Face export splits it where the
+    target format keeps q, k and v apart.
     """
 
     def _make_projections(self, cfg: ModelConfig) -> None:
         kv = cfg.kv_heads * cfg.head_dim
         self.splits = (cfg.d_model, kv, kv)  # rows of q, k and v in qkv_proj
         self.qkv_proj = nn.Linear(cfg.d_model, sum(self.splits), bias=cfg.bias)
-        fused_layout.register(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"), self.splits)
-
-    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k, v projections of the rows x, each [B * T, features] (strided views of one GEMM)."""
-        return self.qkv_proj(x).split(self.splits, dim=-1)
 
     def heads(self, x: torch.Tensor, ctx: AttnContext) -> tuple[torch.Tensor, ...]:
         """q, k, v of the rows x [B * T, d], each [B, heads, T, head_dim]; q and k rotated."""
         b, t = ctx.batch, ctx.q_len
-        q, k, v = self.qkv(x)
+        q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
         return (ctx.rotary(self._heads(q, b, t, self.n_heads)),
                 ctx.rotary(self._heads(k, b, t, self.n_kv_heads)), self._heads(v, b, t, self.n_kv_heads))
 

@@ -17,8 +17,8 @@ from .variants import NORM_POSITIONS, check_registry
 
 
 def dropout_or_none(cfg: ModelConfig) -> nn.Dropout | None:
-    """None when dropout is off (the usual pre-training setting): callers then skip the call,
-    which at a sweep point's size is a measurable share of the step (a module call each)."""
+    """None when dropout is off (the usual pre-training setting): callers then skip the call
+    instead of running an identity module."""
     return nn.Dropout(cfg.dropout) if cfg.dropout else None
 
 
@@ -76,9 +76,8 @@ class Block(nn.Module):
                 memory: torch.Tensor | None = None, cross_ctx: AttnContext | None = None,
                 ) -> torch.Tensor:
         # The residual wrappers are entered through .forward, not nn.Module.__call__: they only
-        # pair a norm with its sublayer (and name their state_dict keys), and at a sweep point's
-        # size (d=12) their two calls a block cost ~0.5 % of a step. Hooks go on the sublayers.
-        # Arguments go on positionally: keyword packing cost ~0.2 % more.
+        # pair a norm with its sublayer (and name their state_dict keys), so hooks go on the
+        # sublayers and tiny models skip two module calls a block.
         x = self.self_attn.forward(x, ctx, None if cache is None else cache.self_attn)
         return self.mlp.forward(x)
 
@@ -117,8 +116,7 @@ class Stack(nn.Module):
                 caches: list[LayerCache] | None = None,
                 memory: torch.Tensor | None = None,
                 cross_ctx: AttnContext | None = None) -> torch.Tensor:
-        # One loop per way of running the blocks: tests inside the loop cost ~0.3 % of a sweep
-        # point's step.
+        # One loop per way of running the blocks, so the loop body makes no decisions.
         if caches is not None:  # decoding: each block has its KV cache
             for block, cache in zip(self.blocks, caches, strict=True):
                 x = block(x, ctx, cache, memory, cross_ctx)

@@ -19,9 +19,15 @@ from .variants import ARCHS, MLPS, NORM_POSITIONS, NORMS, POSITIONS
 
 # standard: one lr and the GPT-2 init; mup: µP relative to mup_base_width (see the field)
 PARAMETRIZATIONS = ("standard", "mup")
+# How attention is computed (model/attention.py); the result, the parameters and the FLOPs are
+# the same either way.
+ATTENTIONS: dict[str, str] = {
+    "sdpa": "F.scaled_dot_product_attention",
+    "math": "plain torch ops: matmul, softmax, matmul",
+}
 
-__all__ = ["ARCHS", "MLPS", "NORMS", "NORM_POSITIONS", "PARAMETRIZATIONS", "POSITIONS",
-           "Component", "ModelConfig"]
+__all__ = ["ARCHS", "ATTENTIONS", "MLPS", "NORMS", "NORM_POSITIONS", "PARAMETRIZATIONS",
+           "POSITIONS", "Component", "ModelConfig"]
 
 
 @dataclass
@@ -40,6 +46,7 @@ class ModelConfig:
     n_decoder_layers: int | None = None  # encoder_decoder only (None -> n_layers)
     n_heads: int = 12
     n_kv_heads: int | None = None  # GQA: None -> n_heads (MHA); 1 -> MQA
+    attention: str = "sdpa"  # sdpa | math: how attention is computed (ATTENTIONS above)
     # --- feed-forward -------------------------------------------------------------------
     # None -> the mlp's rule in variants.MLPS: 4*d_model (gelu/relu); gated MLPs (swiglu) have
     # three matrices, so 8d/3 rounded UP to a multiple of ffn_multiple_of. 32 keeps tiny CPU
@@ -71,7 +78,9 @@ class ModelConfig:
     # standard: the init above and one learning rate for every matrix. mup (µP, Yang et al.
     # 2022, "Tensor Programs V"): with m = d_model / mup_base_width, hidden matrices get
     # init std / sqrt(m) and lr / m (Adam), the logits are multiplied by 1/m and attention
-    # scores by 1/sqrt(head_dim * m) (the 1/head_dim law, equal to standard at the base width); an lr tuned at the base width then stays optimal as width grows.
+    # scores by 1/sqrt(head_dim * m) (the 1/head_dim law,
+    # equal to standard at the base width); an lr tuned at the base width then stays optimal as
+    # width grows.
     parametrization: str = "standard"  # standard | mup
     mup_base_width: int | None = None  # mup: the d_model the lr was tuned at
 
@@ -81,7 +90,7 @@ class ModelConfig:
         self._given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name, table in (("arch", ARCHS), ("norm", NORMS), ("norm_position", NORM_POSITIONS),
                             ("mlp", MLPS), ("position", POSITIONS),
-                            ("parametrization", PARAMETRIZATIONS)):
+                            ("parametrization", PARAMETRIZATIONS), ("attention", ATTENTIONS)):
             if getattr(self, name) not in table:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is unknown; "
                                  f"choose one of {', '.join(table)}")

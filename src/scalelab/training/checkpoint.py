@@ -51,9 +51,9 @@ HPARAMS_KEY = "hyper_parameters"  # Lightning's: the module's arguments, "model_
 STATE_KEY = "scalelab"  # the module's counters: objective, tokens_seen, flops_seen
 RUN_KEY = "scalelab_run"  # the run: objective, tokenizer spec, block_size, data, MLflow run id
 RNG_KEY = "scalelab_rng"  # torch / cuda / numpy / python RNG states, restored on resume
-# ModelConfig keys that change how weights are initialised or regularised, not their shapes:
-# a checkpoint trained with other values still continues correctly.
-_NOT_SHAPE_KEYS = frozenset({"dropout", "init_std", "scale_residual_init"})
+# ModelConfig keys that change how weights are initialised or regularised, or how attention is
+# computed, not their shapes: a checkpoint trained with other values still continues correctly.
+_NOT_SHAPE_KEYS = frozenset({"dropout", "init_std", "scale_residual_init", "attention"})
 _HASH_CHUNK = 1 << 20
 
 
@@ -497,26 +497,11 @@ def read_sharded(folder: str | Path) -> dict[str, Any]:
             raise
         raise _load_failure(folder, e) from None
     # Lightning's layout -> a single-device checkpoint (pytorch_lightning consolidate_checkpoint)
-    checkpoint["state_dict"] = _plain_layout(checkpoint.pop("model"), checkpoint)
+    checkpoint["state_dict"] = checkpoint.pop("model")
     opt_keys = sorted(k for k in checkpoint if k.startswith("optimizer_") and k[10:].isdigit())
     if opt_keys:
         checkpoint["optimizer_states"] = [checkpoint.pop(f"optimizer_{i}") for i in range(len(opt_keys))]
     return checkpoint
-
-
-def _plain_layout(state_dict: dict[str, Any], checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """FSDP1 saves the fused q/k/v projection as ``qkv_proj`` (model/fused_layout.py): give the
-    consolidated file the layout every other checkpoint has (q_proj, k_proj, v_proj)."""
-    cfg_dict = model_config(checkpoint)
-    if cfg_dict is None or not any(k.endswith(".qkv_proj.weight") for k in state_dict):
-        return state_dict
-    from scalelab.model import ModelConfig
-    from scalelab.model.fused_layout import split_fused_keys
-
-    cfg = ModelConfig.from_dict(cfg_dict)
-    kv = cfg.kv_heads * cfg.head_dim
-    return split_fused_keys(state_dict, "qkv_proj", ("q_proj", "k_proj", "v_proj"),
-                            (cfg.d_model, kv, kv))
 
 
 def is_sharded_checkpoint(path: str | Path) -> bool:

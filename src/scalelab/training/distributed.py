@@ -36,8 +36,6 @@ from lightning_fabric.plugins import ClusterEnvironment
 from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, Strategy
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
-from scalelab.model.fused_layout import keep_fused
-
 # (argv, cwd) of the process that becomes local rank ``local_rank`` of the current job.
 ChildCommand = Callable[[int], tuple[Sequence[str], str | None]]
 
@@ -113,9 +111,6 @@ class ScalelabFSDPStrategy(FSDPStrategy):
         # 1-D view of this rank's shard, so "is it a matrix?" (which parameters get weight decay,
         # training/optim.py) must be answered before wrapping: remember the original ndim.
         tag_original_ndim(trainer.lightning_module)
-        # FSDP1's state-dict hooks look up its parameters' own names after ours ran: save the
-        # fused q/k/v projection as qkv_proj (it loads either way; model/fused_layout.py).
-        keep_fused(trainer.lightning_module)
         super().setup(trainer)
 
     def _configure_launcher(self) -> None:
