@@ -22,8 +22,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "scalelab"
 OWN = ("self", "cls")
-# Files that still patch, each with its reason; an entry goes when its file does.
-EXEMPT = {"scalelab/lean_imports.py": "hides optional packages from Lightning's import checks"}
 
 
 def _third_party(module: str) -> bool:
@@ -97,7 +95,7 @@ def violations(source: str, filename: str) -> list[str]:
 
 def test_no_file_in_src_writes_what_it_does_not_own() -> None:
     files = {str(p.relative_to(ROOT.parent)): p for p in sorted(ROOT.rglob("*.py"))}
-    found = [v for name, path in files.items() if name not in EXEMPT
+    found = [v for name, path in files.items()
              for v in violations(path.read_text(encoding="utf-8"), name)]
     assert not found, "attribute writes on objects scalelab does not own:\n" + "\n".join(found)
 

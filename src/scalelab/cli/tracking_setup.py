@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +97,6 @@ def run_params(cfg: DictConfig, spec: RunSpec, model_cfg: ModelConfig,
             "data_task": spec.data.task if spec.objective == "seq2seq" else None,
             "config_hash": config_hash(cfg),
             "torch_threads": torch.get_num_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         },
     )
 
