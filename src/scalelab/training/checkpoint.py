@@ -277,7 +277,15 @@ def load_model(path: str | Path) -> Any:
     if not cfg:
         raise CheckpointError(f"{path}: no model config in the checkpoint (not from scalelab-train?)")
     model = Transformer(ModelConfig.from_dict(cfg))
-    model.load_state_dict(model_state_dict(ckpt))
+    weights = model_state_dict(ckpt)
+    missing = sorted(set(model.state_dict()) - set(weights))
+    unexpected = sorted(set(weights) - set(model.state_dict()))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: its weights do not fit its model config ({len(missing)} missing, e.g. "
+            f"{(missing or ['-'])[0]}; {len(unexpected)} unexpected, e.g. {(unexpected or ['-'])[0]}): "
+            "it was written by another version of the model; export it with that version")
+    model.load_state_dict(weights)
     return model
 
 
