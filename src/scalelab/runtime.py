@@ -122,9 +122,8 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     return native_bf16_flag(cpuinfo) is not None
 
 
-# trainer.precision=auto takes bf16 autocast on a CPU with native bf16 from this width up, where
-# its step ran >= 1.3x fp32's on AMX and AVX512-BF16 CPUs alike; on narrower models the casts
-# outweigh the faster matmuls (docs/performance.md, bf16 on CPU).
+# trainer.precision=auto takes bf16 autocast on a CPU with native bf16 from this width up; on
+# narrower models the casts outweigh the faster matmuls (docs/performance.md, bf16 on a CPU).
 AUTO_BF16_MIN_D_MODEL = 128
 
 

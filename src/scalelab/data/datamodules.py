@@ -307,8 +307,7 @@ def mask_tokens(
     elsewhere. Special tokens (e.g. the eot separator) are never selected.
 
     No ``attention_mask``: windows have no padding, and an all-True one would cost the encoder an
-    additive [B, 1, T, T] mask and SDPA's masked kernel in every layer (1-2 % of an encoder step
-    on a 2-core Intel Xeon, docs/performance.md)."""
+    additive [B, 1, T, T] mask and SDPA's masked kernel in every layer."""
     shape = tuple(x.shape)
     sel = rng.random(shape) < mask_prob
     if special_ids:

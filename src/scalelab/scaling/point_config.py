@@ -82,7 +82,7 @@ def point_log_every(steps: int, log_points: int, base: BaseRun) -> int:
 
     A sweep point's steps are small (milliseconds on CPU), and each logged step costs Lightning's
     logger connector plus the module's and the throughput callback's values, a visible share of
-    such a step when every few steps are logged (docs/performance.md)."""
+    such a step when every few steps are logged."""
     return max(base.log_every_n_steps, math.ceil(steps / log_points))
 
 
