@@ -113,8 +113,9 @@ class SaveOnStop(pl.Callback):
     The stop is Lightning's own ``SIGTERMException``, raised from public callback hooks, so
     the Trainer tears down as for its own SIGTERM handling. Like Lightning's
     OnExceptionCheckpoint, but only for signal stops (a crash must not overwrite the last good
-    checkpoint), and not a subclass of it: with one of those in the callbacks, Lightning turns ``fit(ckpt_path=None)`` into ``"last"`` and would silently
-    resume a fresh run from an old file in the same folder.
+    checkpoint), and not a subclass of it: with one of those in the callbacks, Lightning turns
+    ``fit(ckpt_path=None)`` into ``"last"`` and would silently resume a fresh run from an old
+    file in the same folder.
     """
 
     def __init__(self, dirpath: Path, stop: StopRequest = STOP) -> None:
