@@ -1,14 +1,23 @@
-"""scalelab writes no attribute it does not own (ast over src/scalelab).
+"""scalelab writes no attribute it does not own and imports no private third-party name (ast
+over src/scalelab).
 
 An attribute write is an ``Assign``/``AugAssign``/``AnnAssign`` target or a ``setattr`` call
 (``object.__setattr__`` included). Forbidden:
 
 - a private name (``_x``, dunders included) on anything but ``self`` / ``cls``: that is another
   object's internals, a third-party class's most of all;
+- a write through a private link of an attribute chain (``a._b.c = 1``, ``self.x._y.z = 1``):
+  the object written to is reached through someone else's internals;
 - any name on an imported third-party module or class (``torch.x = ...``,
-  ``LightningModule.x = ...``, ``torch.nn.Module.x = ...``): that is patching it.
+  ``LightningModule.x = ...``, ``torch.nn.Module.x = ...``): that is patching it;
+- importing a private third-party name (``from hydra.utils import _locate``) or from a private
+  third-party module (``hydra._internal.utils``, ``import torch._dynamo``): neither is API, and
+  either may change in any release.
 
-A failure names the file, the line and the write.
+Reads are not checked: scalelab reads tiktoken's ``_mergeable_ranks`` / ``_pat_str`` /
+``_special_tokens`` because tiktoken's README extends an encoding that way.
+
+A failure names the file, the line and the write or import.
 """
 
 from __future__ import annotations
@@ -39,6 +48,41 @@ def imported_names(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and not node.level and _third_party(node.module or ""):
             names |= {a.asname or a.name for a in node.names}
     return names
+
+
+# Lightning has no public way to make its popen launcher start DDP/FSDP ranks with a command
+# other than sys.argv; training/distributed.py subclasses its launcher for Hydra jobs.
+KNOWN_PRIVATE_IMPORTS = {
+    ("scalelab/training/distributed.py",
+     "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher"),
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, dotted name) for each private third-party module or name imported."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names if _third_party(a.name)]
+        elif isinstance(node, ast.ImportFrom) and not node.level and _third_party(node.module or ""):
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if any(_private(part) for part in name.split(".")):
+                yield node.lineno, name
+
+
+def _chain(node: ast.AST) -> list[str]:
+    """The attribute names from the root outwards: ``a._b.c`` -> ``['_b', 'c']``."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    return names[::-1]
 
 
 def _root(node: ast.AST) -> str | None:
@@ -90,6 +134,11 @@ def violations(source: str, filename: str) -> list[str]:
             found.append(f"{write} (an attribute of the imported {root!r})")
         elif attr is not None and attr.startswith("_") and not own:
             found.append(f"{write} (a private attribute of an object that is not self/cls)")
+        elif any(_private(name) for name in _chain(owner)[1 if root in OWN else 0:]):
+            found.append(f"{write} (through a private attribute of an object that is not self/cls)")
+    for line, name in private_imports(tree):
+        if (filename, name) not in KNOWN_PRIVATE_IMPORTS:
+            found.append(f"{filename}:{line}: import of {name} (private to its package, not API)")
     return found
 
 
@@ -109,6 +158,14 @@ def test_no_file_in_src_writes_what_it_does_not_own() -> None:
     "def f(loop):\n    loop.epoch_loop._batches_that_stepped += 1",
     "def f(module, v):\n    object.__setattr__(module, '_current_fx_name', v)",
     "def f(a, b):\n    a.x, b._y = 1, 2",
+    "def f(trainer):\n    trainer._signal_connector.received_sigterm = True",
+    "class A:\n    def f(self):\n        self.trainer._connector.flag = True",
+    "def f(a):\n    setattr(a._b, 'c', 1)",
+    "from hydra._internal.utils import _locate",
+    "from hydra.utils import _locate",
+    "import torch._dynamo",
+    "import torch.distributed.checkpoint._traverse as tr",
+    "from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner",
 ])
 def test_each_kind_of_foreign_write_is_caught(source: str) -> None:
     assert len(violations(source, "case.py")) == 1
@@ -120,6 +177,11 @@ def test_each_kind_of_foreign_write_is_caught(source: str) -> None:
     "import torch\ndef f(model: torch.nn.Module):\n    model.train(False)",
     "def f(counters):\n    counters.tokens += 1",
     "import sys\nsys.argv = ['x']",
+    "class A:\n    def f(self):\n        self._cache.value = 1",
+    "from torch.distributed.checkpoint import DefaultLoadPlanner\nfrom hydra.utils import get_object",
+    "from os import _exit\nfrom . import _helpers\nfrom scalelab.data import _tokens",
+    "import torch\nversion = torch.__version__\nfrom torch import __version__",
+    "def f(enc):\n    return enc._mergeable_ranks",
 ])
 def test_own_and_public_writes_pass(source: str) -> None:
     assert violations(source, "case.py") == []

@@ -8,6 +8,7 @@ config stays fast; the callback classes scalelab adds itself are in cli/callback
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -49,11 +50,25 @@ def check_user_callbacks(cfg: DictConfig) -> None:
         _check_clash(cfg, name, cls)
 
 
-def _callback_class(name: str, target: str) -> type:
-    # what hydra.utils.instantiate resolves _target_ with; hydra.utils.get_object would also
-    # log the failure as three more lines before our one
-    from hydra._internal.utils import _locate
+def _locate(target: str) -> Any:
+    """The object ``target`` names, resolved as ``hydra.utils.instantiate`` resolves a
+    ``_target_``. Hydra logs a failure as an error of its own before raising; that record is
+    dropped here, since the caller turns the failure into one line naming the key."""
+    from hydra.utils import get_object
 
+    hydra_log = logging.getLogger("hydra.utils")
+    hydra_log.addFilter(_drop_record)
+    try:
+        return get_object(target)
+    finally:
+        hydra_log.removeFilter(_drop_record)
+
+
+def _drop_record(record: logging.LogRecord) -> bool:
+    return False
+
+
+def _callback_class(name: str, target: str) -> type:
     key = f"callbacks.{name}._target_={target!r}"
     if "." not in target:
         raise ValueError(f"{key}: give the full class path, e.g. pytorch_lightning.callbacks.EarlyStopping")

@@ -31,6 +31,7 @@ import contextlib
 import errno
 import hashlib
 import io
+import itertools
 import os
 import pickle
 import random
@@ -469,34 +470,70 @@ def _safe_reader(folder: Path) -> Any:
 
 
 def _safe_planner() -> Any:
-    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint import DefaultLoadPlanner
 
-    class SafePlanner(_EmptyStateDictLoadPlanner):
+    class SafePlanner(DefaultLoadPlanner):
+        """Loads the non-tensor items with ``weights_only=True`` (the default planner unpickles
+        them freely). The target dict is flat and holds plain tensors, so it is used as given:
+        no key mapping, no sharded-tensor rewrite."""
+
+        def __init__(self) -> None:
+            super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
         def load_bytes(self, read_item: Any, value: Any) -> None:
-            # the default planner loads non-tensor items with weights_only=False
-            obj = torch.load(value, map_location="cpu", weights_only=True)
-            if self.flatten_state_dict:
-                from torch.distributed.checkpoint._traverse import set_element
-
-                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-            else:
-                self.state_dict[read_item.dest_index.fqn] = obj
+            fqn = read_item.dest_index.fqn
+            self.original_state_dict[fqn] = torch.load(value, map_location="cpu", weights_only=True)
 
     return SafePlanner()
 
 
+def _empty_targets(metadata: Any) -> dict[str, Any]:
+    """One entry per stored item, keyed by its flat name: an empty full-size CPU tensor to read
+    a tensor's shards into, None for a pickled item (the planner reads those)."""
+    from torch.distributed.checkpoint import TensorStorageMetadata
+
+    return {fqn: torch.empty(md.size, dtype=md.properties.dtype)
+            if isinstance(md, TensorStorageMetadata) else None
+            for fqn, md in metadata.state_dict_metadata.items()}
+
+
+def _nest(flat: Mapping[str, Any], paths: Mapping[str, tuple[str | int, ...]] | None) -> dict[str, Any]:
+    """Rebuild the nested dict the writer flattened: ``paths`` (the metadata's planner_data) maps
+    each flat name to its key path; an int key is a list index (optimizer param_groups)."""
+    root: dict[str, Any] = {}
+    for fqn, value in flat.items():
+        path = tuple(paths[fqn]) if paths and fqn in paths else (fqn,)
+        node: Any = root
+        for key, child in itertools.pairwise(path):
+            fresh: Any = [] if isinstance(child, int) else {}
+            if isinstance(node, list):
+                node.extend([None] * (key + 1 - len(node)))
+                node[key] = fresh if node[key] is None else node[key]
+            else:
+                node.setdefault(key, fresh)
+            node = node[key]
+        if isinstance(node, list):
+            node.extend([None] * (path[-1] + 1 - len(node)))
+        node[path[-1]] = value
+    return root
+
+
 def read_sharded(folder: str | Path) -> dict[str, Any]:
     """A sharded FSDP checkpoint folder as one Lightning checkpoint dict (plain data only)."""
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    import torch.distributed.checkpoint as dcp
 
     folder = Path(folder)
     why = verify(folder)  # the shard index, with the restricted unpickler, before torch reads it
     if why:
         raise CheckpointError(f"{folder}: not a usable checkpoint ({why}); pass another checkpoint")
-    checkpoint: dict[str, Any] = {}
     try:
-        _load_state_dict(checkpoint, storage_reader=_safe_reader(folder), planner=_safe_planner(),
-                         no_dist=True)
+        reader = _safe_reader(folder)
+        metadata = reader.read_metadata()
+        flat = _empty_targets(metadata)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", message=".*load in a single process")
+            dcp.load(flat, storage_reader=reader, planner=_safe_planner(), no_dist=True)
+        checkpoint = _nest(flat, metadata.planner_data)
         meta_file = folder / "meta.pt"  # Lightning's non-tensor rest (step, loops, callbacks)
         if meta_file.is_file():
             checkpoint.update(torch.load(meta_file, map_location="cpu", weights_only=True))

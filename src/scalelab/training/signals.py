@@ -4,11 +4,11 @@
     SIGINT  (Ctrl-C)                                      -> KILLED, exit 130
     SIGUSR1 (SLURM pre-timeout, sbatch --signal=USR1@90)  -> checkpoint, `scontrol requeue`, exit 138
 
-During ``trainer.fit``/``validate`` the first signal only raises Lightning's "stop" flag (the flag
-its own SIGTERM handler sets): the loop finishes the current batch and raises
-``SIGTERMException``, so the checkpoint written on the way out (``SaveOnStop``) holds a
-consistent step. A second Ctrl-C stops at once. Outside the Trainer (data preparation, final
-sample, uploads) a signal raises ``RunStopped`` right away.
+During ``trainer.fit``/``validate`` the first signal is only recorded: ``SaveOnStop`` raises
+Lightning's ``SIGTERMException`` at the next batch boundary (on every rank at the same step under
+DDP), so the checkpoint written on the way out holds a consistent step. A second Ctrl-C stops at
+once. Outside the Trainer (data preparation, final sample, uploads) a signal raises
+``RunStopped`` right away.
 
 ``RunStopped`` is a ``SystemExit`` whose code is 128 + the signal number, so whatever does not
 catch it still exits with the shell's conventional code.
@@ -84,10 +84,7 @@ class StopRequest:
                 log.warning("%s: stopping after the current step and saving a checkpoint%s",
                             signal.Signals(signum).name, again)
         if self.trainer is not None:
-            # Lightning's own stop flag (what its SIGTERM handler sets): the loops raise
-            # SIGTERMException at the next batch boundary, on every rank (it is broadcast).
-            self.trainer._signal_connector.received_sigterm = True
-            return
+            return  # SaveOnStop stops the loop at the next batch boundary
         raise RunStopped(signum)
 
     # --- after the Trainer -------------------------------------------------------------------
@@ -111,12 +108,14 @@ STOP = StopRequest()
 
 
 class SaveOnStop(pl.Callback):
-    """Writes ``last.ckpt`` when a signal stops the loop.
+    """Stops the loop at a batch boundary once a signal came, and writes ``last.ckpt`` then.
 
-    Like Lightning's OnExceptionCheckpoint, but only for signal stops (a crash must not
-    overwrite the last good checkpoint), and not a subclass of it: with one of those in the
-    callbacks, Lightning turns ``fit(ckpt_path=None)`` into ``"last"`` and would silently
-    resume a fresh run from an old file in the same folder.
+    The stop is Lightning's own ``SIGTERMException``, raised from public callback hooks, so
+    the Trainer tears down as for its own SIGTERM handling. Like Lightning's
+    OnExceptionCheckpoint, but only for signal stops (a crash must not overwrite the last good
+    checkpoint), and not a subclass of it: with one of those in the callbacks, Lightning turns
+    ``fit(ckpt_path=None)`` into ``"last"`` and would silently resume a fresh run from an old
+    file in the same folder.
     """
 
     def __init__(self, dirpath: Path, stop: StopRequest = STOP) -> None:
@@ -124,9 +123,24 @@ class SaveOnStop(pl.Callback):
         self.stop = stop
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self.stop.trainer = trainer
-        if self.stop.signum is not None:  # a signal came between two Trainer calls
-            trainer._signal_connector.received_sigterm = True
+        self.stop.trainer = trainer  # from now on a signal waits for a batch boundary
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        # The previous step, its validation and its checkpoints are complete here. Under DDP
+        # every rank takes the same decision (any rank signalled: all stop), so none is left
+        # waiting alone in the next all-reduce; this is the broadcast Lightning does for its
+        # own SIGTERM flag.
+        if trainer.strategy.reduce_boolean_decision(self.stop.signum is not None, all=False):
+            raise SIGTERMException
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        # A local decision, as in Lightning's evaluation loop: ranks may run unequal numbers
+        # of validation batches, so a collective per batch could wait forever.
+        if self.stop.signum is not None:
+            raise SIGTERMException
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.stop.trainer = None
