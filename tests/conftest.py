@@ -25,31 +25,6 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("SCALELAB_CONCURRENT_PROCS", os.environ["PYTEST_XDIST_WORKER_COUNT"])
 
 
-@contextlib.contextmanager
-def _strangers_spinning(n: int) -> Iterator[list[int]]:
-    """``n`` busy-looping processes that are not this process's children (their parent exits at
-    once and they are reparented), as another user's jobs would be; killed on the way out."""
-    code = ("import subprocess, sys\n"  # their output nowhere: a pipe held open would block run()
-            f"for _ in range({n}):\n"
-            "    print(subprocess.Popen([sys.executable, '-c', 'while True: pass'], stdin=subprocess.DEVNULL,"
-            " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    pids = [int(x) for x in out.stdout.split()]
-    try:
-        time.sleep(0.3)  # past their start-up
-        yield pids
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def strangers_spinning() -> object:
-    """``with strangers_spinning(n) as pids:``: other users' busy jobs (:func:`_strangers_spinning`)."""
-    return _strangers_spinning
-
-
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """<repo>/../shared/data (tinyshakespeare.txt lives there); env SCALELAB_SHARED_DATA overrides."""

@@ -4,15 +4,12 @@ Nothing here acts on import. The train entry point applies the thread count when
 (``cli/torch_setup.py``), so importing scalelab leaves the process as it was.
 
 Threads: the cores this process may use, split evenly between the scalelab processes sharing
-them (a parallel sweep sets ``SCALELAB_CONCURRENT_PROCS`` to its job count). More threads than
-free cores make every OpenMP region wait for a descheduled thread, so a run that opts in
-(``train.threads_follow_load``) lowers its count while other processes keep cores busy, by
-:func:`threads_under_load`.
+them (a parallel sweep sets ``SCALELAB_CONCURRENT_PROCS`` to its job count), so that parallel
+runs do not oversubscribe the cores (every OpenMP region would wait for a descheduled thread).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,31 +50,6 @@ def thread_plan(concurrent: int | None = None, cores: int | None = None) -> Thre
     k = concurrent_processes() if concurrent is None else max(1, int(concurrent))
     n = available_cores() if cores is None else max(1, int(cores))
     return ThreadPlan(max(1, n // k), n, k)
-
-
-RAISE_MARGIN = 0.25  # busy cores: a neighbour near the line must not flip the count every look
-
-
-def threads_under_load(ceiling: int, others: float, current: int | None = None,
-                       cores: int | None = None, concurrent: int | None = None) -> int:
-    """Threads for a run that started with ``ceiling`` and runs ``current`` now, while other
-    processes keep ``others`` cores busy: the free cores split between the scalelab processes
-    (whose siblings' busy cores are part of the plan, not other work), between 1 and
-    ``ceiling``. Going back up needs :data:`RAISE_MARGIN` to spare."""
-    plan = thread_plan(concurrent, cores)
-    k, n = plan.concurrent, plan.cores
-
-    def rule(load: float) -> int:
-        free = n - max(0.0, load - (k - 1) * plan.threads)
-        threads = plan.threads
-        if threads * k > free + 0.5:  # oversubscribed: use only what is free
-            threads = math.floor(max(free, 0.0) / k)
-        return max(1, min(int(ceiling), threads))
-
-    want = rule(others)
-    if current is not None and want > current:
-        want = max(int(current), rule(others + RAISE_MARGIN))
-    return want
 
 
 def jobs_and_threads(n_jobs: int, cores: int | None = None) -> tuple[int, int]:

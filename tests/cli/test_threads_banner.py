@@ -1,5 +1,5 @@
-"""`scalelab-train` takes its threads when the run starts and says so in its start banner,
-and follows the machine's load only where the run asks for it (real runs)."""
+"""`scalelab-train` takes its threads when the run starts and says so in its start banner
+(real runs)."""
 
 from __future__ import annotations
 
@@ -30,11 +30,9 @@ def test_the_banner_says_the_threads_the_run_took(tmp_path: Path, train_cli) -> 
 
 
 @pytest.mark.slow
-def test_threads_that_follow_the_load_say_so(tmp_path: Path, train_cli) -> None:
+def test_unfixed_threads_are_the_cores_over_the_processes_sharing_them(tmp_path: Path,
+                                                                         train_cli) -> None:
     from scalelab.runtime import available_cores
 
-    line = _threads_line(tmp_path, train_cli, "train.threads_follow_load=true")
-    n = available_cores()
-    expected = (f"{n} torch threads, following the load between 1 and {n} (" if n > 1
-                else "1 torch threads (")
-    assert line.startswith(expected), line
+    line = _threads_line(tmp_path, train_cli)
+    assert line.startswith(f"{available_cores()} torch threads ("), line

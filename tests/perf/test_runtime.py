@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -20,25 +19,6 @@ def test_concurrent_processes_split_the_cores() -> None:
     assert R.thread_plan(concurrent=2, cores=8).threads == 4
     assert R.thread_plan(concurrent=3, cores=8).threads == 2
     assert R.thread_plan(concurrent=16, cores=8).threads == 1  # never below 1
-
-
-def test_threads_follow_the_load_up_to_the_start_count() -> None:
-    """2 cores, a run that started with 2 threads: a neighbour using a core takes one away (it
-    reads as 0.7 busy while our 2 threads compete with it, 1.0 once we use 1), light background
-    work does not; the neighbour leaving gives it back, with a margin so that work near the line
-    (0.5 busy) keeps the count where it is."""
-    def under(others: float, ceiling: int = 2, cores: int = 2, k: int = 1, now: int | None = None) -> int:
-        return R.threads_under_load(ceiling, others, current=now, cores=cores, concurrent=k)
-
-    assert [under(x) for x in (0.0, 0.3, 0.7, 1.0, 2.0, 9.0)] == [2, 2, 1, 1, 1, 1]
-    assert [under(x, now=2) for x in (0.0, 0.5, 0.7)] == [2, 2, 1]
-    assert [under(x, now=1) for x in (0.0, 0.2, 0.4, 0.5, 1.0)] == [2, 2, 1, 1, 1]
-    assert under(0.0, ceiling=1) == 1  # never above the start's count
-    assert under(0.0, ceiling=8, cores=4) == 4  # nor above the cores
-    assert under(4.0, ceiling=8, cores=8) == 4  # half the cores busy: half the threads
-    # a 2-job sweep on 8 cores, 4 threads each: the sibling's 4 busy cores are in the plan
-    assert under(4.0, ceiling=4, cores=8, k=2) == 4
-    assert under(6.0, ceiling=4, cores=8, k=2) == 3  # 2 cores taken: 6 free for the two
 
 
 def test_concurrency_comes_from_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,37 +141,7 @@ def test_a_run_splits_the_cores_between_its_ranks_and_the_sweep(
     assert run_threads(_spec(["train.num_threads=5"]), on_8) == 5
 
 
-def test_threads_follow_the_load_only_when_asked_and_scalelab_chose_them(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from scalelab.cli.torch_setup import adapts_threads
-    from scalelab.cli.trainer_build import scalelab_callbacks
-    from scalelab.training.threads import AdaptiveThreads
-
-    def governed(spec) -> bool:
-        return any(isinstance(c, AdaptiveThreads)
-                   for c in scalelab_callbacks(spec, Path("unused"), {}, []))
-
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert not adapts_threads(_spec([])) and not governed(_spec([]))  # off by default
-    follow = ["train.threads_follow_load=true"]
-    assert adapts_threads(_spec(follow)) and governed(_spec(follow))
-    assert not adapts_threads(_spec([*follow, "trainer.accelerator=gpu"]))
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # torchrun's convention, and ours for DDP ranks
-    assert not adapts_threads(_spec(follow))
-
-
-def test_fixed_threads_that_should_follow_the_load_are_refused_in_one_line() -> None:
-    from scalelab.cli.torch_setup import check_thread_keys
-
-    check_thread_keys(_spec(["train.num_threads=2"]))
-    check_thread_keys(_spec(["train.threads_follow_load=true"]))
-    with pytest.raises(ValueError) as e:
-        check_thread_keys(_spec(["train.num_threads=2", "train.threads_follow_load=true"]))
-    msg = str(e.value)
-    assert "train.num_threads=2" in msg and "train.threads_follow_load" in msg and "\n" not in msg
-
-
-def test_the_banner_says_how_many_threads_and_whether_they_follow_the_load(
+def test_the_banner_says_how_many_threads_and_why(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
@@ -201,10 +151,7 @@ def test_the_banner_says_how_many_threads_and_whether_they_follow_the_load(
     cores, threads = R.available_cores(), torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert threads_line(False) == (f"2 torch threads ({cores} cores, 3 scalelab process(es) "
-                                       "sharing them)")
-        assert threads_line(True).startswith("2 torch threads, following the load between 1 and 2 (")
-        torch.set_num_threads(1)  # one thread: nothing to follow
-        assert threads_line(True).startswith("1 torch threads (")
+        assert threads_line() == (f"2 torch threads ({cores} cores, 3 scalelab process(es) "
+                                  "sharing them)")
     finally:
         torch.set_num_threads(threads)

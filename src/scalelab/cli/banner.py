@@ -30,8 +30,6 @@ def ui_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | No
 
 def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec: Any,
                 data: DataBundle, resumed_from: Path | None) -> list[str]:
-    from scalelab.cli.torch_setup import adapts_threads
-
     n = model_cfg.n_params()
     fpt = model_cfg.flops_per_token(training=True, attention=True, seq_len=spec.block_size)
     tokens = spec.max_steps * spec.batch.tokens_per_step
@@ -51,7 +49,7 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"tokens planned: {tokens:,} ({spec.max_steps:,} steps x {spec.batch.tokens_per_step:,} "
         f"tokens, {tokens * fpt:.3g} FLOPs)",
         f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data.vocab_size:,}",
-        f"threads       : {threads_line(follows_load=adapts_threads(spec))}",
+        f"threads       : {threads_line()}",
         f"precision     : {spec.trainer.precision}"
         + (f" (auto: {spec.precision_auto})" if spec.precision_auto else ""),
     ]
@@ -71,15 +69,14 @@ def vocab_alignment_hint(vocab_size: int, on_gpu: bool) -> str | None:
             f"rows no token uses) runs the output layer faster on a GPU (docs/performance.md)")
 
 
-def threads_line(follows_load: bool = False) -> str:
+def threads_line() -> str:
     """The thread count the run took and where it came from, so a slow run explains itself."""
     import torch
 
     from scalelab.runtime import available_cores, concurrent_processes
 
     n = torch.get_num_threads()
-    follows = f", following the load between 1 and {n}" if follows_load and n > 1 else ""
-    return (f"{n} torch threads{follows} ({available_cores()} cores, "
+    return (f"{n} torch threads ({available_cores()} cores, "
             f"{concurrent_processes()} scalelab process(es) sharing them)")
 
 

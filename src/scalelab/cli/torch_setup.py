@@ -71,24 +71,6 @@ def fixed_threads(spec: RunSpec) -> int | None:
     return int(threads) if str(threads).isdigit() and int(threads) > 0 else None
 
 
-def adapts_threads(spec: RunSpec) -> bool:
-    """Threads follow the load mid-run where the run asks for it (``train.threads_follow_load``)
-    and scalelab chose them: on CPU, not fixed by hand (several ranks on one node export
-    ``OMP_NUM_THREADS``, which fixes them too)."""
-    from scalelab.training.devices import uses_gpu
-
-    return (bool(spec.train.threads_follow_load) and fixed_threads(spec) is None
-            and not uses_gpu(str(spec.trainer.accelerator)))
-
-
-def check_thread_keys(spec: RunSpec) -> None:
-    """A fixed thread count cannot also follow the load."""
-    if spec.train.threads_follow_load and spec.train.num_threads:
-        raise ValueError(f"train.num_threads={spec.train.num_threads} fixes the threads, so "
-                         "train.threads_follow_load=true cannot change them; set one of the two "
-                         "(train.num_threads=null or train.threads_follow_load=false)")
-
-
 def run_threads(spec: RunSpec, plan: Callable[..., Any] = thread_plan) -> int:
     """Torch threads of one process of this run: ``train.num_threads``, else ``OMP_NUM_THREADS``
     (torchrun's and Lightning's convention), else the cores // every process sharing them: a
@@ -110,7 +92,6 @@ def setup_torch(spec: RunSpec) -> None:
     import pytorch_lightning as pl
     import torch
 
-    check_thread_keys(spec)
     quiet_lightning()
     torch.set_num_threads(run_threads(spec))
     torch.set_float32_matmul_precision(str(spec.train.matmul_precision))

@@ -42,12 +42,6 @@ def scalelab_callbacks(spec: RunSpec, out_dir: Path, meta: dict[str, Any],
 
         window = spec.callbacks.throughput.window
         cbs.append(ThroughputMonitor(every_n_steps=None if window is None else int(window)))
-    from scalelab.cli.torch_setup import adapts_threads
-
-    if adapts_threads(spec):
-        from scalelab.training.threads import AdaptiveThreads
-
-        cbs.append(AdaptiveThreads())
     return cbs
 
 

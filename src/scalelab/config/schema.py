@@ -48,7 +48,6 @@ class TrainSection:
     activation_checkpointing: bool = MISSING  # recompute block activations in backward
     matmul_precision: str = MISSING  # highest | high | medium
     num_threads: int | None = MISSING  # torch CPU threads; None = cores // scalelab processes sharing them
-    threads_follow_load: bool = MISSING  # lower (and restore) the CPU threads while other jobs load the cores
     # WSD branches (sweep.wsd): save full-state checkpoints/step_<N>.ckpt at these optimizer steps
     save_at_steps: list[int] = MISSING
     # start a NEW run (new folder, new MLflow run) from this checkpoint: weights, optimizer,
