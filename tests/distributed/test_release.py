@@ -18,7 +18,7 @@ from scalelab.training import distributed
 def test_a_rank_that_launched_nothing_still_drops_its_process_group(tmp_path: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        assert distributed._saved_env is None  # not a launcher: rank 1 of a popen launch, torchrun
+        assert distributed._saved_env is None  # started no rank: rank 1 of a job, torchrun
         distributed.release_distributed()
         assert not dist.is_initialized()
     finally:
@@ -28,7 +28,7 @@ def test_a_rank_that_launched_nothing_still_drops_its_process_group(tmp_path: Pa
 
 @pytest.fixture
 def launched(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen]:
-    """Three real child processes as the launcher records them, and the env it changed."""
+    """Three real child processes as start_local_ranks records them, and the env it changed."""
     monkeypatch.setenv("MASTER_PORT", "29123")
     monkeypatch.setattr(distributed, "_saved_env", {"MASTER_PORT": None})
     procs = [subprocess.Popen([sys.executable, "-c", code]) for code in
