@@ -146,9 +146,12 @@ def release_distributed(wait_s: float = 120.0) -> None:
         stop.set()
         thread.join()
         _watcher = None
+    joined = torch.distributed.is_available() and torch.distributed.is_initialized()
     if _saved_env is not None:
-        _wait_for_children(wait_s)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # A rank 0 that never joined the group (an error while building the Trainer) ends its
+        # job alone: its ranks would wait for it until the rendezvous times out.
+        _wait_for_children(wait_s if joined else 0.0)
+    if joined:
         _drop_process_group()
     if _saved_env is None:
         return
@@ -209,13 +212,19 @@ def gloo_threads() -> int:
 
 
 def _wait_for_children(wait_s: float) -> None:
+    """Join the ranks this process started, killing those still running after ``wait_s``
+    (0: at once, the job ended before the ranks met) and naming each that failed."""
     deadline = time.monotonic() + wait_s
     for local_rank, proc in enumerate(_children, start=1):
         try:
-            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()) if wait_s else 0)
         except subprocess.TimeoutExpired:
-            log.warning("local rank %d still ran %.0f s after this one ended: killed it",
-                        local_rank, wait_s)
+            if wait_s:
+                log.warning("local rank %d still ran %.0f s after this one ended: killed it",
+                            local_rank, wait_s)
+            else:
+                log.warning("local rank %d stopped: this rank ended before the ranks met",
+                            local_rank)
             proc.kill()
             proc.wait()
             continue
