@@ -50,14 +50,6 @@ def imported_names(tree: ast.AST) -> set[str]:
     return names
 
 
-# Lightning has no public way to make its popen launcher start DDP/FSDP ranks with a command
-# other than sys.argv; training/distributed.py subclasses its launcher for Hydra jobs.
-KNOWN_PRIVATE_IMPORTS = {
-    ("scalelab/training/distributed.py",
-     "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher"),
-}
-
-
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -137,8 +129,7 @@ def violations(source: str, filename: str) -> list[str]:
         elif any(_private(name) for name in _chain(owner)[1 if root in OWN else 0:]):
             found.append(f"{write} (through a private attribute of an object that is not self/cls)")
     for line, name in private_imports(tree):
-        if (filename, name) not in KNOWN_PRIVATE_IMPORTS:
-            found.append(f"{filename}:{line}: import of {name} (private to its package, not API)")
+        found.append(f"{filename}:{line}: import of {name} (private to its package, not API)")
     return found
 
 

@@ -43,12 +43,14 @@ def test_fsdp_on_cpu_is_refused_with_a_clear_error():
         D.build_strategy("fsdp", "cpu")
 
 
-def test_ddp_strategy_uses_the_hydra_aware_launcher():
-    def child(rank: int):
-        return ["python", "-c", "pass"], None
+def test_ddp_is_lightnings_own_strategy_and_one_process_starts_no_rank():
+    from pytorch_lightning.strategies import DDPStrategy
 
-    s = D.build_strategy("ddp", "cpu", child_command=child)
-    assert isinstance(s, D.ScalelabDDPStrategy) and s.child_command is child
+    def child(rank: int):
+        raise AssertionError("one process per node: no rank to start")
+
+    s = D.build_strategy("ddp", "cpu", child_command=child, num_processes=1)
+    assert type(s) is DDPStrategy and D._saved_env is None
     assert D.build_strategy("auto", "cpu") == "auto"
 
 

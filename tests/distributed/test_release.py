@@ -18,7 +18,7 @@ from scalelab.training import distributed
 def test_a_rank_that_launched_nothing_still_drops_its_process_group(tmp_path: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        assert distributed._saved_env is None  # not a launcher: rank 1 of a popen launch, torchrun
+        assert distributed._saved_env is None  # started no rank: rank 1 of a job, torchrun
         distributed.release_distributed()
         assert not dist.is_initialized()
     finally:
@@ -28,7 +28,7 @@ def test_a_rank_that_launched_nothing_still_drops_its_process_group(tmp_path: Pa
 
 @pytest.fixture
 def launched(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen]:
-    """Three real child processes as the launcher records them, and the env it changed."""
+    """Three real child processes as start_local_ranks records them, and the env it changed."""
     monkeypatch.setenv("MASTER_PORT", "29123")
     monkeypatch.setattr(distributed, "_saved_env", {"MASTER_PORT": None})
     procs = [subprocess.Popen([sys.executable, "-c", code]) for code in
@@ -43,9 +43,11 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen]:
 
 
 def test_the_launcher_names_each_rank_that_failed_or_hung_and_restores_the_env(
-        launched: list[subprocess.Popen], caplog: pytest.LogCaptureFixture) -> None:
+        launched: list[subprocess.Popen], caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     for proc in launched[:2]:  # ended before the launcher looks, however loaded the machine
         proc.wait(timeout=120)
+    # the ranks met: this one joined the process group, so the others get time to finish
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     with caplog.at_level(logging.WARNING, logger="scalelab.train"):
         distributed.release_distributed(wait_s=1.0)
     warnings = [r.getMessage() for r in caplog.records]
@@ -54,8 +56,21 @@ def test_the_launcher_names_each_rank_that_failed_or_hung_and_restores_the_env(
         "local rank 3 still ran 1 s after this one ended: killed it",
     ]
     assert launched[2].returncode is not None  # killed, not left behind
+    assert not dist.is_initialized()
     assert "MASTER_PORT" not in os.environ and distributed._saved_env is None
     assert distributed._children == []
+
+
+def test_a_launcher_that_never_joined_its_ranks_stops_them_at_once(
+        launched: list[subprocess.Popen], caplog: pytest.LogCaptureFixture) -> None:
+    launched[0].wait(timeout=120)
+    with caplog.at_level(logging.WARNING, logger="scalelab.train"):
+        distributed.release_distributed()  # 120 s for ranks that met; none here
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings[0] == "local rank 1 exited with code 3: see its *_rank1.log in the run folder"
+    assert warnings[-1] == "local rank 3 stopped: this rank ended before the ranks met"
+    assert launched[2].returncode is not None
+    assert "MASTER_PORT" not in os.environ and distributed._children == []
 
 
 # A finished job as a rank leaves it: gloo's gradient all-reduce has run, and the DDP wrapper

@@ -152,8 +152,8 @@ def begin_job(cfg: Any) -> None:
 
 
 def end_job() -> None:
-    """After a job (also a failed one): join its ranks, drop the process group, restore the env
-    Lightning changed, free its GPU claim. The next job of a sweep in this process starts clean."""
+    """After a job (also a failed one): join its ranks, drop the process group, restore the launch
+    env, free its GPU claim. The next job of a sweep in this process starts clean."""
     global _device_claim
     # Only a job that built a strategy can have ranks to release; one that stopped earlier
     # (a config error) must not pay Lightning's import for nothing.

@@ -101,8 +101,8 @@ def trainer_kwargs(cfg: DictConfig, spec: RunSpec, tracker: Any, callbacks: list
 
 
 def _strategy(spec: RunSpec) -> Any:
-    """Lightning's strategy argument; ddp/fsdp go through scalelab.training.distributed so ranks
-    > 0 re-run exactly this Hydra job (not the whole --multirun sweep)."""
+    """Lightning's strategy argument; for ddp/fsdp scalelab.training.distributed starts ranks > 0
+    of this node, each re-running exactly this Hydra job (not the whole --multirun sweep)."""
     trainer = spec.trainer
     name = str(trainer.strategy)
     if name not in ("ddp", "fsdp"):
@@ -114,4 +114,5 @@ def _strategy(spec: RunSpec) -> Any:
         name, str(trainer.accelerator),
         fsdp=dict(trainer.fsdp) or None, ddp=dict(trainer.ddp) or None,
         child_command=job_command if HydraConfig.initialized() else None,
+        num_processes=spec.world_size // int(trainer.num_nodes), num_nodes=int(trainer.num_nodes),
     )

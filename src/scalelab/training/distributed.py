@@ -1,22 +1,22 @@
 """Many devices on Lightning's own strategies: DDP, FSDP, torchrun, SLURM.
 
-Nothing here launches or schedules jobs itself. It only fixes what Lightning's popen launcher does
-when the entry point is a Hydra app, builds the strategy from the trainer config, and converts
-FSDP's sharded checkpoints into plain ones.
+Nothing here schedules jobs. It builds Lightning's strategy from the trainer config, starts a
+Hydra job's other local ranks itself, and converts FSDP's sharded checkpoints into plain ones.
 
-Why a custom launcher: Lightning starts ranks 1..N-1 by re-running ``sys.argv`` (see
-``lightning_fabric/strategies/launchers/subprocess_script.py``). Inside ``--multirun`` that argv
-holds ``--multirun`` and the whole sweep, so every rank relaunches the sweep (Lightning #11300,
-lightning-hydra-template #393); inside a joblib or submitit worker ``sys.argv``/``__main__`` is the
-worker's, not ours. Our launcher takes a ``child_command(local_rank) -> (argv, cwd)`` callable
-from the CLI, which rebuilds the command for exactly the current job (the Hydra part lives in
-``scalelab.cli.hydra_ddp`` so this layer stays free of Hydra).
+Why scalelab starts the ranks: Lightning's popen launcher re-runs ``sys.argv``. Inside
+``--multirun`` that argv holds the whole sweep, so every rank would relaunch it (Lightning #11300,
+lightning-hydra-template #393); inside a joblib or submitit worker ``sys.argv`` is the worker's.
+So rank 0 of a node starts ranks 1..N-1 with a ``child_command(local_rank) -> (argv, cwd)``
+callable from the CLI, which rebuilds the command for exactly the current job (the Hydra part
+lives in ``scalelab.cli.hydra_ddp`` so this layer stays free of Hydra), and exports
+``LOCAL_RANK=0`` and the rest of the launch environment in its own process. That is Lightning's
+documented protocol for processes created outside it: its ``LightningEnvironment`` then reports
+``creates_processes_externally`` and a plain ``DDPStrategy``/``FSDPStrategy`` starts no process.
 
-Lightning also leaves ``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_PORT`` in ``os.environ`` and the
-process group alive after ``fit``; the next job of a sweep in the same process (basic launcher,
-a reused joblib worker) would then believe it runs under an external launcher and hang.
-:func:`release_distributed` undoes that at the end of a job (and :func:`build_strategy` calls it
-before building a new strategy, as a safety net).
+That environment must not outlive the job: the next job of a sweep in the same process (basic
+launcher, a reused joblib worker) would believe it runs under an external launcher and hang.
+:func:`release_distributed` joins the ranks, drops the process group and restores the
+environment at the end of a job (and :func:`build_strategy` calls it first, as a safety net).
 """
 
 from __future__ import annotations
@@ -24,87 +24,96 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from lightning_fabric.plugins import ClusterEnvironment
+from lightning_fabric.plugins.environments import (
+    LightningEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, Strategy
-from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 # (argv, cwd) of the process that becomes local rank ``local_rank`` of the current job.
 ChildCommand = Callable[[int], tuple[Sequence[str], str | None]]
 
-# Env vars Lightning's launcher writes into the parent; restored by release_distributed().
+# Env vars start_local_ranks() sets in this process; restored by release_distributed().
 _LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+# Schedulers that start every rank themselves; Lightning picks their environment over its own.
+_EXTERNAL_LAUNCHERS = (TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment, MPIEnvironment)
 _saved_env: dict[str, str | None] | None = None
 _children: list[subprocess.Popen] = []
+_watcher: tuple[threading.Thread, threading.Event] | None = None
 log = logging.getLogger("scalelab.train")
 
 
-class HydraAwareLauncher(_SubprocessScriptLauncher):
-    """Lightning's popen launcher, with the child command supplied by the caller."""
-
-    def __init__(self, cluster_environment: ClusterEnvironment, num_processes: int,
-                 num_nodes: int, child_command: ChildCommand) -> None:
-        super().__init__(cluster_environment, num_processes, num_nodes)
-        self.child_command = child_command
-
-    def _call_children_scripts(self) -> None:
-        global _saved_env
-        self._check_can_spawn_children()
-        self.procs = []
-        if _saved_env is None:
-            _saved_env = {k: os.environ.get(k) for k in _LAUNCH_ENV}
-        env = self.cluster_environment
-        # Same variables and values as Lightning's own launcher.
-        os.environ["MASTER_ADDR"] = env.main_address
-        os.environ["MASTER_PORT"] = str(env.main_port)
-        os.environ["NODE_RANK"] = str(env.node_rank())
-        os.environ["LOCAL_RANK"] = str(env.local_rank())
-        os.environ["WORLD_SIZE"] = str(self.num_processes * self.num_nodes)
-        for local_rank in range(1, self.num_processes):
-            child_env = os.environ.copy()
-            child_env["LOCAL_RANK"] = str(local_rank)
-            if os.environ.get("PL_GLOBAL_SEED") is None:
-                child_env.pop("PL_GLOBAL_SEED", None)
-            argv, cwd = self.child_command(local_rank)
-            proc = subprocess.Popen(list(argv), env=child_env, cwd=cwd)
-            self.procs.append(proc)
-            _children.append(proc)
+def starts_own_ranks(num_processes: int) -> bool:
+    """Whether this process must start the node's other ranks: more than one per node, and no
+    launcher (torchrun, srun, jsrun, mpirun, or a parent scalelab rank) started them already."""
+    if num_processes <= 1 or "LOCAL_RANK" in os.environ:
+        return False
+    return not any(env.detect() for env in _EXTERNAL_LAUNCHERS)
 
 
-class ScalelabDDPStrategy(DDPStrategy):
-    """DDPStrategy whose popen launcher starts ranks through ``child_command``."""
+def start_local_ranks(num_processes: int, num_nodes: int, child_command: ChildCommand) -> None:
+    """Start local ranks 1..num_processes-1 of this job and make this process local rank 0.
 
-    def __init__(self, *args: Any, child_command: ChildCommand | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.child_command = child_command
+    The variables and values are those Lightning's own launcher exports (address and port from
+    ``LightningEnvironment``: the user's MASTER_ADDR/MASTER_PORT, else localhost and a free port).
+    """
+    global _saved_env, _watcher
+    cluster = LightningEnvironment()
+    _saved_env = {k: os.environ.get(k) for k in _LAUNCH_ENV}
+    os.environ.update({
+        "MASTER_ADDR": cluster.main_address, "MASTER_PORT": str(cluster.main_port),
+        "NODE_RANK": str(cluster.node_rank()), "LOCAL_RANK": "0",
+        "WORLD_SIZE": str(num_processes * num_nodes),
+    })
+    for local_rank in range(1, num_processes):
+        argv, cwd = child_command(local_rank)
+        env = {**os.environ, "LOCAL_RANK": str(local_rank)}
+        _children.append(subprocess.Popen(list(argv), env=env, cwd=cwd))
+    stop = threading.Event()
+    thread = threading.Thread(target=_watch_children, args=(list(_children), stop),
+                              name="scalelab-rank-watch", daemon=True)
+    thread.start()
+    _watcher = (thread, stop)
 
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        if self.child_command is not None and self._start_method == "popen":
-            assert self.cluster_environment is not None
-            self._launcher = HydraAwareLauncher(self.cluster_environment, self.num_processes,
-                                                self.num_nodes, self.child_command)
+
+def _watch_children(children: list[subprocess.Popen], stop: threading.Event,
+                    every_s: float = 2.0) -> None:
+    """Fail the job as soon as a rank fails: the others would wait for it in their next
+    collective until the backend's timeout (30 min and more). Like Lightning's own launcher,
+    every rank of the job is killed; the one line logged first names the rank that failed."""
+    while not stop.wait(every_s):
+        codes = [proc.poll() for proc in children]
+        failed = [(rank, code) for rank, code in enumerate(codes, start=1) if code]
+        if failed:
+            rank, code = failed[0]
+            log.error("local rank %d exited with code %d: see its *_rank%d.log in the run folder; "
+                      "stopping every rank of this job", rank, code, rank)
+            for proc in children:
+                proc.kill()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if all(code == 0 for code in codes):
+            return
 
 
 class ScalelabFSDPStrategy(FSDPStrategy):
-    """FSDPStrategy whose popen launcher starts ranks through ``child_command``.
+    """FSDPStrategy that records each parameter's shape before wrapping.
 
     Note: Lightning's "FSDP needs a GPU accelerator" check only fires for the exact class
     FSDPStrategy, so :func:`build_strategy` repeats it for this subclass.
     """
-
-    def __init__(self, *args: Any, child_command: ChildCommand | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.child_command = child_command
 
     def setup(self, trainer: Any) -> None:
         # FSDP1 with use_orig_params=True (Lightning's default) turns each parameter into a flat
@@ -112,13 +121,6 @@ class ScalelabFSDPStrategy(FSDPStrategy):
         # training/optim.py) must be answered before wrapping: remember the original ndim.
         tag_original_ndim(trainer.lightning_module)
         super().setup(trainer)
-
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        if self.child_command is not None and self._launcher is not None:
-            assert self.cluster_environment is not None
-            self._launcher = HydraAwareLauncher(self.cluster_environment, self.num_processes,
-                                                self.num_nodes, self.child_command)
 
 
 ORIG_NDIM = "scalelab_orig_ndim"  # attribute on each nn.Parameter, read by training/optim.py
@@ -132,16 +134,24 @@ def tag_original_ndim(module: torch.nn.Module) -> None:
 
 
 def release_distributed(wait_s: float = 120.0) -> None:
-    """End of a job, on every rank: where this process launched ranks, wait for them and say
-    which failed; drop the process group; restore the env the launcher changed.
+    """End of a job, on every rank: where this process started ranks, wait for them and say
+    which failed; drop the process group; restore the env :func:`start_local_ranks` changed.
 
-    Safe to call always. The launcher drops its group only once its ranks have ended, so none
-    loses a peer mid-call.
+    Safe to call always. Rank 0 drops its group only once its ranks have ended, so none loses a
+    peer mid-call.
     """
-    global _saved_env
+    global _saved_env, _watcher
+    if _watcher is not None:  # from here on a failed rank is reported, not fatal
+        thread, stop = _watcher
+        stop.set()
+        thread.join()
+        _watcher = None
+    joined = torch.distributed.is_available() and torch.distributed.is_initialized()
     if _saved_env is not None:
-        _wait_for_children(wait_s)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # A rank 0 that never joined the group (an error while building the Trainer) ends its
+        # job alone: its ranks would wait for it until the rendezvous times out.
+        _wait_for_children(wait_s if joined else 0.0)
+    if joined:
         _drop_process_group()
     if _saved_env is None:
         return
@@ -202,13 +212,19 @@ def gloo_threads() -> int:
 
 
 def _wait_for_children(wait_s: float) -> None:
+    """Join the ranks this process started, killing those still running after ``wait_s``
+    (0: at once, the job ended before the ranks met) and naming each that failed."""
     deadline = time.monotonic() + wait_s
     for local_rank, proc in enumerate(_children, start=1):
         try:
-            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()) if wait_s else 0)
         except subprocess.TimeoutExpired:
-            log.warning("local rank %d still ran %.0f s after this one ended: killed it",
-                        local_rank, wait_s)
+            if wait_s:
+                log.warning("local rank %d still ran %.0f s after this one ended: killed it",
+                            local_rank, wait_s)
+            else:
+                log.warning("local rank %d stopped: this rank ended before the ranks met",
+                            local_rank)
             proc.kill()
             proc.wait()
             continue
@@ -256,41 +272,55 @@ def build_strategy(
     fsdp: dict[str, Any] | None = None,
     ddp: dict[str, Any] | None = None,
     child_command: ChildCommand | None = None,
+    num_processes: int = 1,
+    num_nodes: int = 1,
 ) -> str | Strategy:
     """The Trainer's ``strategy=`` argument for a config value.
 
     ``ddp``: gloo on CPU, nccl on GPU (Lightning's choice); ``fsdp``: one FSDP unit per transformer
     block, MixedPrecision from ``fsdp.mixed_precision`` (or the Trainer precision), and
     ``fsdp.state_dict_type`` (``sharded`` = each rank writes its shard, resumable; convert with
-    :func:`scalelab.training.checkpoint.consolidate_checkpoint`). Anything else goes to Lightning unchanged. Under torchrun
-    or SLURM Lightning picks TorchElasticEnvironment / SLURMEnvironment and starts no processes.
+    :func:`scalelab.training.checkpoint.consolidate_checkpoint`). Anything else goes to Lightning
+    unchanged.
+
+    With ``child_command``, this process starts the node's other ``num_processes - 1`` ranks
+    (:func:`start_local_ranks`) once the strategy is built; without it, or under torchrun / SLURM
+    (Lightning picks TorchElasticEnvironment / SLURMEnvironment), Lightning's own launcher decides.
     """
     release_distributed()  # a previous job in this process may have left its ranks' state
     ddp = dict(ddp or {})
     if strategy == "ddp":
-        return ScalelabDDPStrategy(child_command=child_command, **ddp)
-    if strategy == "fsdp":
-        if accelerator not in ("gpu", "cuda"):
-            raise ValueError(
-                f"trainer.strategy=fsdp needs trainer.accelerator=gpu (got {accelerator!r}); "
-                "Lightning's FSDP runs on CUDA only. Use trainer=ddp on CPU."
-            )
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        built: Strategy = DDPStrategy(**ddp)
+        # spawn/fork start their ranks from this process without re-running a command
+        popen = ddp.get("start_method", "popen") == "popen"
+    elif strategy == "fsdp":
+        built, popen = _fsdp_strategy(accelerator, dict(fsdp or {})), True
+    else:
+        return strategy
+    if child_command is not None and popen and starts_own_ranks(num_processes):
+        start_local_ranks(num_processes, num_nodes, child_command)
+    return built
 
-        opts = dict(fsdp or {})
-        wrap = opts.pop("auto_wrap", "block")
-        if wrap not in ("block", None, "none"):
-            raise ValueError(f"trainer.fsdp.auto_wrap={wrap!r}: choose 'block' or null")
-        policy = ModuleWrapPolicy(block_classes()) if wrap == "block" else None
-        ckpt = block_classes() if opts.pop("activation_checkpointing", False) else None
-        return ScalelabFSDPStrategy(
-            child_command=child_command,
-            auto_wrap_policy=policy,
-            activation_checkpointing_policy=ModuleWrapPolicy(ckpt) if ckpt else None,
-            mixed_precision=fsdp_mixed_precision(opts.pop("mixed_precision", None)),
-            sharding_strategy=opts.pop("sharding_strategy", "FULL_SHARD"),
-            state_dict_type=opts.pop("state_dict_type", "sharded"),
-            cpu_offload=opts.pop("cpu_offload", False),
-            **opts,
+
+def _fsdp_strategy(accelerator: str, opts: dict[str, Any]) -> ScalelabFSDPStrategy:
+    if accelerator not in ("gpu", "cuda"):
+        raise ValueError(
+            f"trainer.strategy=fsdp needs trainer.accelerator=gpu (got {accelerator!r}); "
+            "Lightning's FSDP runs on CUDA only. Use trainer=ddp on CPU."
         )
-    return strategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    wrap = opts.pop("auto_wrap", "block")
+    if wrap not in ("block", None, "none"):
+        raise ValueError(f"trainer.fsdp.auto_wrap={wrap!r}: choose 'block' or null")
+    policy = ModuleWrapPolicy(block_classes()) if wrap == "block" else None
+    ckpt = block_classes() if opts.pop("activation_checkpointing", False) else None
+    return ScalelabFSDPStrategy(
+        auto_wrap_policy=policy,
+        activation_checkpointing_policy=ModuleWrapPolicy(ckpt) if ckpt else None,
+        mixed_precision=fsdp_mixed_precision(opts.pop("mixed_precision", None)),
+        sharding_strategy=opts.pop("sharding_strategy", "FULL_SHARD"),
+        state_dict_type=opts.pop("state_dict_type", "sharded"),
+        cpu_offload=opts.pop("cpu_offload", False),
+        **opts,
+    )
