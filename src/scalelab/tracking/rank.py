@@ -2,7 +2,7 @@
 
 One place, so the scale-out work (DDP, torchrun, SLURM) only has to change this file. The
 environment is read the same way Lightning reads it (``rank_zero_only.rank``), so the answer
-is right before a Trainer exists: ranks > 0 of torchrun / Lightning's subprocess launcher /
+is right before a Trainer exists: ranks > 0 of torchrun / the ranks scalelab starts itself /
 srun must never create an MLflow run or a run folder.
 """
 
@@ -23,7 +23,7 @@ def global_rank() -> int:
             if var == "SLURM_PROCID" and int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
                 continue
             return int(value)
-    # Lightning's subprocess launcher sets LOCAL_RANK (and NODE_RANK) for the children it spawns.
+    # the node's rank 0 (training/distributed.py) or Lightning's launcher sets LOCAL_RANK and NODE_RANK
     local = os.environ.get("LOCAL_RANK", "0")
     node = os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0"))
     if local.isdigit() and node.isdigit():
