@@ -142,10 +142,3 @@ def score_seconds(per_window: dict[tuple[int, int, str], float], n_tokens: int,
     is taken from them: the wall-time estimate counts it."""
     n = window_count(n_tokens, block)
     return {key: s * n for key, s in per_window.items()}
-
-
-def tokens_for_target(se: float, loss: float, n_tokens: int, target: float = 0.002) -> int:
-    """Held-out tokens that would bring se / loss to ``target`` (se falls as 1/sqrt(tokens))."""
-    if not (se > 0 and loss > 0):
-        return n_tokens
-    return math.ceil(n_tokens * (se / (target * loss)) ** 2)

@@ -37,7 +37,3 @@ def log_to_run(run_id: str, tracking_uri: str | None = None,
         client.log_metric(run_id, key, float(value), step=step)
     for artifact_dir, path in (files or {}).items():
         client.log_artifact(run_id, str(path), artifact_dir)
-
-
-def run_metrics(run_id: str, tracking_uri: str | None = None) -> dict[str, float]:
-    return dict(_client(tracking_uri).get_run(run_id).data.metrics)
