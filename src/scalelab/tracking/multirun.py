@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from scalelab.data.files import locked
-from scalelab.tracking.run import _get_or_create_experiment, client_for
+from scalelab.tracking.run import client_for, get_or_create_experiment
 
 PARENT_FILE = "mlflow_parent_run_id"
 ROLE_TAG = "scalelab.multirun_role"
@@ -25,7 +25,7 @@ def parent_run_id(tracking_uri: str, experiment_name: str, sweep_dir: Path, name
         if id_file.is_file() and id_file.read_text().strip():
             return id_file.read_text().strip()
         client = client_for(tracking_uri)
-        exp_id = _get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
+        exp_id = get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
         run = client.create_run(exp_id, run_name=name, tags={
             "mlflow.runName": name, ROLE_TAG: "parent", "scalelab.multirun_dir": str(sweep_dir)})
         id_file.write_text(run.info.run_id + "\n")

@@ -137,7 +137,7 @@ class Tracker(StatusGuarded):
             return cls(client, resume_run_id, tracking_uri, resumed=True, folder=folder,
                        outage_wait_s=outage_wait_s, metrics_interval_s=metrics_interval_s)
 
-        exp_id = _get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
+        exp_id = get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
         all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in tags.items()},
                     **process_tags()}
         if parent_run_id:
@@ -232,7 +232,7 @@ class Tracker(StatusGuarded):
         return False
 
 
-def _get_or_create_experiment(
+def get_or_create_experiment(
     client: MlflowClient, name: str, uri: str, artifact_root: str | None
 ) -> str:
     exp = client.get_experiment_by_name(name)

@@ -22,7 +22,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunStatus, ViewType
 from mlflow.tracking import MlflowClient
 
-from scalelab.tracking.run import _get_or_create_experiment
+from scalelab.tracking.run import get_or_create_experiment
 from scalelab.tracking.store import is_remote, probe
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class SweepParent:
              ) -> SweepParent:
         probe(tracking_uri)
         client = MlflowClient(tracking_uri=tracking_uri)
-        exp_id = _get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
+        exp_id = get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
         found = client.search_runs(
             [exp_id], f"tags.`{ROLE_TAG}` = 'parent' and tags.`{NAME_TAG}` = '{sweep_name}'",
             run_view_type=ViewType.ACTIVE_ONLY, order_by=["attributes.start_time DESC"],
