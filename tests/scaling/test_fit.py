@@ -5,9 +5,10 @@ import functools
 import numpy as np
 import pandas as pd
 import pytest
+from tests.scaling.synthetic import isoflop_runs, loss_curves, with_endpoints
 
 from scalelab.scaling import FitInputError, FitOptions, fit_scaling_laws, prepare_runs
-from scalelab.scaling.fit_synthetic import CHINCHILLA, isoflop_runs, loss_curves, with_endpoints
+from scalelab.scaling.published_laws import CHINCHILLA
 
 TRUE_A = CHINCHILLA["beta"] / (CHINCHILLA["alpha"] + CHINCHILLA["beta"])
 FAST = {"grid": "coarse", "n_boot": 20, "seed": 0}
@@ -136,7 +137,7 @@ def test_unusable_curves_skip_approach1_with_reason():
 
 @functools.cache  # tests share fits: each takes seconds
 def _holdout_fit(noise: float, seeds: int = 3, floor: bool = True):
-    from scalelab.scaling.fit_synthetic import replicate
+    from tests.scaling.synthetic import replicate
 
     law = CHINCHILLA if floor else {**CHINCHILLA, "E": 0.0}
     runs = isoflop_runs(sizes_per_budget=7, noise=0.0 if seeds > 1 else noise, law=law)

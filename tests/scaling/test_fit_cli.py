@@ -6,8 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from scalelab.scaling.fit_synthetic import isoflop_runs, loss_curves, with_endpoints
+from tests.scaling.synthetic import isoflop_runs, loss_curves, with_endpoints
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

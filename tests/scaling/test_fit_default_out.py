@@ -5,8 +5,7 @@ import subprocess
 import sys
 
 import pytest
-
-from scalelab.scaling.fit_synthetic import isoflop_runs
+from tests.scaling.synthetic import isoflop_runs
 
 pytestmark = pytest.mark.slow
 

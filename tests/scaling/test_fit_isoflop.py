@@ -3,10 +3,11 @@
 import numpy as np
 import pandas as pd
 import pytest
+from tests.scaling.synthetic import isoflop_runs, loss_curves
 
 from scalelab.scaling import FitInputError, FitOptions, prepare_curves, prepare_runs
 from scalelab.scaling.fit_isoflop import PowerLaw, fit_budget_parabola, fit_envelope, fit_isoflop
-from scalelab.scaling.fit_synthetic import CHINCHILLA, isoflop_runs, law_n_opt, loss_curves
+from scalelab.scaling.published_laws import CHINCHILLA, law_n_opt
 
 TRUE_A = CHINCHILLA["beta"] / (CHINCHILLA["alpha"] + CHINCHILLA["beta"])  # 0.4516
 TRUE_B = 1 - TRUE_A
@@ -50,9 +51,9 @@ def test_approach2_edge_budget_flagged_and_excluded():
 def test_parabola_flags():
     n = np.geomspace(1e6, 1e8, 5)
     x = np.log(n)
-    _, _, reason = fit_budget_parabola(n, -((x - x.mean()) ** 2))  # opens downward
+    _, _, reason, _ = fit_budget_parabola(n, -((x - x.mean()) ** 2))  # opens downward
     assert "downward" in reason
-    _, _, reason = fit_budget_parabola(n, (x - x.mean()) ** 2 + 1)
+    _, _, reason, _ = fit_budget_parabola(n, (x - x.mean()) ** 2 + 1)
     assert reason == ""
 
 

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from scipy.optimize import minimize
+from tests.scaling.synthetic import isoflop_runs
 
 from scalelab.scaling.fit_parametric import (
     FlopsPerToken,
@@ -12,7 +13,7 @@ from scalelab.scaling.fit_parametric import (
     optimal_allocation,
     theta_of,
 )
-from scalelab.scaling.fit_synthetic import CHINCHILLA, isoflop_runs
+from scalelab.scaling.published_laws import CHINCHILLA
 
 TRUE_A = CHINCHILLA["beta"] / (CHINCHILLA["alpha"] + CHINCHILLA["beta"])  # 0.4516
 

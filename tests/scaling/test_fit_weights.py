@@ -6,12 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy.optimize import minimize
+from tests.scaling.synthetic import isoflop_runs
 
 from scalelab.scaling import FitOptions, fit_scaling_laws
 from scalelab.scaling.fit import noise_weights, point_means
 from scalelab.scaling.fit_isoflop import fit_isoflop
 from scalelab.scaling.fit_parametric import _make_fun, fit_parametric, theta_of
-from scalelab.scaling.fit_synthetic import CHINCHILLA, isoflop_runs, law_loss
+from scalelab.scaling.published_laws import CHINCHILLA, law_loss
 
 
 def _noisy_replicates(seed: int, k: int = 3, quiet: float = 0.002, loud: float = 0.04,

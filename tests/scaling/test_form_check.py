@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from tests.scaling.synthetic import isoflop_runs
 
 from scalelab.scaling.fit import fit_available
 from scalelab.scaling.fit_data import FitOptions
-from scalelab.scaling.fit_synthetic import isoflop_runs, law_loss, law_n_opt
+from scalelab.scaling.published_laws import law_loss, law_n_opt
 from scalelab.scaling.report import write_report
 
 NOISE = 0.005

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from tests.scaling.synthetic import isoflop_runs, replicate
 
 from scalelab.scaling import FitOptions, fit_scaling_laws, write_report
-from scalelab.scaling.fit_synthetic import CHINCHILLA, isoflop_runs, replicate
+from scalelab.scaling.published_laws import CHINCHILLA
 
 # a = beta / (alpha + beta): Chinchilla's 0.45, and a law whose optimum grows with C as 0.71
 STEEP = {"E": 1.69, "A": 406.4, "B": 4107.0, "alpha": 0.2, "beta": 0.5}

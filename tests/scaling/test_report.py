@@ -2,9 +2,9 @@
 
 import pandas as pd
 import pytest
+from tests.scaling.synthetic import isoflop_runs, loss_curves
 
 from scalelab.scaling import FitOptions, fit_scaling_laws, write_report
-from scalelab.scaling.fit_synthetic import isoflop_runs, loss_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

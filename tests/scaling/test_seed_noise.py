@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from tests.scaling.synthetic import isoflop_runs, replicate
 
 from scalelab.scaling import FitOptions, fit_scaling_laws
 from scalelab.scaling.fit import seed_sd_model
-from scalelab.scaling.fit_synthetic import CHINCHILLA, isoflop_runs, replicate
+from scalelab.scaling.published_laws import CHINCHILLA
 
 
 def test_the_seed_sd_model_recovers_a_smooth_noise_law_from_three_seeds():

@@ -10,24 +10,18 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tests.scaling.synthetic import isoflop_runs, loss_curves, replicate, with_endpoints
 
 from scalelab.model import Transformer
 from scalelab.model.config import ModelConfig
 from scalelab.scaling import FitOptions, fit_scaling_laws, write_report
 from scalelab.scaling.fit import compute_multiplier, endpoint_curves, optimal_loss_at
-from scalelab.scaling.fit_synthetic import (
-    CHINCHILLA,
-    isoflop_runs,
-    law_loss,
-    loss_curves,
-    replicate,
-    with_endpoints,
-)
 from scalelab.scaling.heldout import HeldoutSet, evaluate_checkpoint, loss_and_se, window_losses
 from scalelab.scaling.planner import make_plan
+from scalelab.scaling.published_laws import CHINCHILLA, law_loss
 from scalelab.scaling.shape_search import shape_for
 from scalelab.scaling.sweep_spec import FamilyConfig, SweepSpec
-from scalelab.scaling.tune import tune_plan
+from scalelab.scaling.tune import lr_round
 from scalelab.scaling.tune_fit import fit_lr_law, grid_optimum
 
 TRUE_A = CHINCHILLA["beta"] / (CHINCHILLA["alpha"] + CHINCHILLA["beta"])
@@ -187,7 +181,7 @@ def test_lr_optimum_at_the_edge_of_the_grid_is_flagged():
 
 def test_tune_plan_picks_sizes_and_the_law_sets_every_lr():
     plan = _plan(seeds=2, tune_lr_factors=[0.5, 1, 2], tune_sizes=2)
-    tp = tune_plan(plan)
+    tp = lr_round(plan, {})[0]
     assert {p.stage for p in tp.points} == {"tune"} and {p.replicate for p in tp.points} == {0}
     assert len(tp.points) == 2 * 3  # the smallest budget, its smallest and largest size
     assert {p.budget for p in tp.points} == {3e10}

@@ -27,8 +27,7 @@ def fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, pa
         return [*lines, "[red]no scaling law could be fitted to these runs[/red]"]
     print_results(results)
     report_dir = sweep_dir / "report"
-    files = write_report(results, report_dir, plan=pd.DataFrame(plan.rows()), tune=tuned,
-                         runs_detail=collected.runs, lr_law=plan.lr_law,
+    files = write_report(results, report_dir, plan=pd.DataFrame(plan.rows()), tune=tuned, lr_law=plan.lr_law,
                          laws_from=(plan.spec.laws_from, plan.tuned)
                          if plan.spec.laws_from and plan.tuned and tuned is None else None)
     parent.log_artifacts(report_dir, "report")

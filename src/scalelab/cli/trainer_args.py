@@ -33,8 +33,6 @@ MANAGED: dict[str, str] = {
     "enable_checkpointing": "callbacks.checkpoint.enabled",
     "max_epochs": "train.max_steps / train.max_tokens (runs are step-based)",
 }
-# Schema keys that are scalelab options, not Trainer arguments.
-SCALELAB_KEYS = ("ddp", "fsdp")
 
 
 def _trainer_params() -> set[str]:

@@ -43,9 +43,8 @@ def _rank_world(trainer: Any) -> tuple[int, int]:
     return 0, 1
 
 
-# Batches are made in runs, back to back. Made one at a time, with a training step's work in
-# between, numpy's seeding and window indexing ran from cold caches: a sweep point's batch took
-# 168 us between steps against 39 us back to back (2-core EPYC), 3-5 % of its step.
+# Batches are made in runs, back to back: made one at a time between training steps, numpy's
+# seeding and window indexing run from cold caches, several times slower.
 RUN_BATCHES = 64
 RUN_BYTES = 8 << 20  # and at most this much made ahead (GPT-2's 32 x 1025 tokens: 0.26 MB a batch)
 
@@ -134,8 +133,7 @@ class _StreamDataModule(pl.LightningDataModule):
         else:
             self._train_ds = _BatchStream(self._train_maker(rank), max(1, int(n)), self.consumed)
         if not self.num_workers:
-            # The stream itself: without workers a DataLoader only passes each batch on (its
-            # iterator, fetcher and profiler record), ~10 us a batch back to back.
+            # The stream itself: without workers a DataLoader only passes each batch on.
             return self._train_ds
         return DataLoader(
             self._train_ds,
@@ -235,8 +233,7 @@ class _CausalMaker:
         return self.many([b])[0]
 
     def many(self, bs: Sequence[int]) -> list[Batch]:
-        """Batches ``bs``, with one gather for all of their windows: a sweep point's batch 33 ->
-        22 us back to back against a gather each."""
+        """Batches ``bs``, with one gather for all of their windows."""
         x = self.w.take(np.concatenate([self._starts(b) for b in bs])).view(len(bs), self.bs, -1)
         return [{"input_ids": xb[:, :-1], "labels": xb[:, 1:]} for xb in x]
 
@@ -435,9 +432,7 @@ def collate_seq2seq(
     rows: list[tuple[list[int], list[int]]], pad_id: int, bos_id: int, eos_id: int
 ) -> Batch:
     """src padded with pad; tgt_in = [bos] + target; labels = target + [eos], -100 on pad.
-
-    Filled in numpy and handed to torch once: per-row torch ops (3 tensors and 5 slice writes
-    per row) took ~7 % of a reverse_seq2seq training step."""
+    Filled in numpy and handed to torch once, rather than with per-row torch ops."""
     B = len(rows)
     src_len = np.fromiter((len(s) for s, _ in rows), dtype=np.int64, count=B)
     tgt_len = np.fromiter((len(t) for _, t in rows), dtype=np.int64, count=B)

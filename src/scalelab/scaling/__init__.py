@@ -16,7 +16,7 @@ from .fit import (
 from .fit_data import FitInputError, FitOptions, load_runs_csv, prepare_curves, prepare_runs
 from .fit_isoflop import EnvelopeFit, IsoFlopFit, PowerLaw, fit_envelope, fit_isoflop
 from .fit_parametric import FlopsPerToken, ParametricFit, fit_parametric, optimal_allocation
-from .fit_synthetic import CHINCHILLA, EPOCH_2024
+from .published_laws import CHINCHILLA, EPOCH_2024
 from .report import write_report
 
 __all__ = [

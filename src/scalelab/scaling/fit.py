@@ -9,7 +9,7 @@ Entry point::
     write_report(results, "reports/sweep1")
 
 The pieces live in fit_data (input), fit_isoflop (approaches 1 and 2), fit_parametric
-(approach 3) and fit_synthetic (known-law test data).
+(approach 3) and published_laws (reference laws).
 """
 
 from __future__ import annotations

@@ -187,16 +187,10 @@ class IsoFlopFit(_OptimumExponents):
         return check_power_law(self.budgets)
 
 
-def fit_budget_parabola(n, loss, sigma=None) -> tuple[np.ndarray, float, str]:
+def fit_budget_parabola(n, loss, sigma=None) -> tuple[np.ndarray, float, str, float]:
     """Fit loss = c2 (log N)^2 + c1 log N + c0 (weighted least squares with 1/sigma when each
-    loss's standard error is given); returns (coef, x_vertex, flag reason or "")."""
-    coef, xv, reason, _ = _parabola(n, loss, sigma)
-    return coef, xv, reason
-
-
-def _parabola(n, loss, sigma) -> tuple[np.ndarray, float, str, float]:
-    """fit_budget_parabola plus the vertex's standard error (from the measured sigmas by the
-    delta method; nan without them)."""
+    loss's standard error is given); returns (coef, x_vertex, flag reason or "", the vertex's
+    standard error by the delta method, nan without sigmas)."""
     x = np.log(np.asarray(n, float))
     y = np.asarray(loss, float)
     xv_sd = float("nan")
@@ -241,7 +235,7 @@ def fit_isoflop(runs: pd.DataFrame, min_sizes: int = 3, weighted: bool = False) 
             rows.append(row)
             continue
         sigma = measured_sigma(g) if weighted else None
-        coef, xv, reason, xv_sd = _parabola(g["N"], g["loss"], sigma)
+        coef, xv, reason, xv_sd = fit_budget_parabola(g["N"], g["loss"], sigma)
         row.update(c2=coef[0], c1=coef[1], c0=coef[2], log_n_sd=xv_sd, flagged=bool(reason), reason=reason)
         if np.isfinite(xv):
             log_fpt = np.interp(xv, np.log(g["N"]), np.log(g["fpt"]))

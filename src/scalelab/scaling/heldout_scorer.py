@@ -18,7 +18,7 @@ class HeldoutScorer:
                  echo: Callable[[str], None] = print) -> None:
         self.parent, self.sweep_dir, self.heldout, self.echo = parent, sweep_dir, heldout, echo
         self.fingerprint = heldout.fingerprint
-        self.scored = self.rescored = 0
+        self.scored = 0
 
     def __call__(self, p: PlanPoint, child: Any) -> None:
         from scalelab.scaling.heldout import HELDOUT_KEYS, evaluate_checkpoint
@@ -43,7 +43,6 @@ class HeldoutScorer:
         self.scored += 1
         again = ""
         if had:  # scored before on another set (or before sets had fingerprints)
-            self.rescored += 1
             again = " (scored again: the held-out set changed)"
         self.echo(f"    held-out {p.label}: {m[HELDOUT_KEYS[0]]:.4f} ± {m[HELDOUT_KEYS[1]]:.4f} "
                   f"({m[HELDOUT_KEYS[1]] / m[HELDOUT_KEYS[0]]:.2%}) on {m[HELDOUT_KEYS[2]]:,.0f} "

@@ -17,8 +17,8 @@ from scalelab.data.files import atomic_save_with, atomic_write_text
 from .fit import Estimate, ScalingResults, VariantFit
 from .fit_data import measured_sigma
 from .fit_holdout import fmt_error
-from .fit_synthetic import CHINCHILLA, EPOCH_2024
 from .laws import law_text
+from .published_laws import CHINCHILLA, EPOCH_2024
 
 # Published compute-optimal exponents and tokens per parameter, for the side-by-side table.
 # Chinchilla: Approach 1/2 a = 0.50/0.49, b = 0.50/0.51; ~20 tokens per parameter.
@@ -436,8 +436,7 @@ def _tune_md(tune, out: Path) -> list[str]:
     return md
 
 
-def write_report(results: ScalingResults, out_dir, plan=None, tune=None,
-                 runs_detail=None, lr_law: dict | None = None,
+def write_report(results: ScalingResults, out_dir, plan=None, tune=None, lr_law: dict | None = None,
                  laws_from: tuple[str, dict] | None = None) -> list[Path]:
     """Write PNG plots and ``report.md`` into out_dir; return the written paths.
 

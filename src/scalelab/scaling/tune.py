@@ -95,12 +95,8 @@ def _round_plan(plan: Plan, points: list[PlanPoint]) -> Plan:
     return tp
 
 
-def tune_plan(plan: Plan) -> Plan:
-    """The lr round: every tune size at every lr factor of the rule's lr."""
-    return lr_round(plan, {})[0]
-
-
 def lr_round(plan: Plan, tuned: dict[str, VariantTune]) -> tuple[Plan, list[str]]:
+    """The lr round: every tune size at every lr factor of the rule's lr."""
     out = [
         _as_tune(p, lr=p.lr * f, lr_factor=f, tune_round="lr")
         for p in tune_bases(plan)
