@@ -85,13 +85,14 @@ def main() -> int:
     out_dir = work / "run"
     chk = Check()
     t0 = time.time()
-    steps1, steps2 = args.steps, args.steps + 20
+    steps1, steps2 = args.steps, args.steps + max(2, args.steps // 2)
     base = [
         PY, "-m", "scalelab.cli.train",
         *(["trainer=fsdp", "trainer.devices=1", "trainer.precision=bf16-mixed"] if fsdp
           else ["trainer=cpu"]),
         "trainer.enable_progress_bar=false",
-        "model=nano", "model.d_model=256", "model.n_layers=4", "model.n_heads=4",
+        # the CPU smoke checks the plumbing only: a model a CPU steps through quickly
+        "model=nano", f"model.d_model={256 if fsdp else 64}", "model.n_layers=4", "model.n_heads=4",
         "model.max_seq_len=128", "data=shakespeare", f"data.path={data_file()}", "tokenizer=char",
         "train.global_batch_size=32", f"train.val_every={steps1 // 2}", "train.val_batches=4",
         "run_name=gpu_check", f"paths.output_dir={out_dir}", f"paths.data_dir={work / 'data_cache'}",

@@ -25,6 +25,12 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("SCALELAB_CONCURRENT_PROCS", os.environ["PYTEST_XDIST_WORKER_COUNT"])
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow (end-to-end) tests first, the quick ones after: xdist's workers then finish
+    together on quick tests instead of one worker running a long test alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """<repo>/../shared/data (tinyshakespeare.txt lives there); env SCALELAB_SHARED_DATA overrides."""
