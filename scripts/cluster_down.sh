@@ -10,11 +10,11 @@ say() { echo "cluster-down: $*" >&2; }
 [[ -d $DIR ]] || { say "nothing to stop ($DIR does not exist)"; exit 0; }
 export SLURM_CONF="$DIR/slurm/slurm.conf"
 
-alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+alive() { [[ -f $1 ]] && kill -0 "$(cat "$1" 2>/dev/null)" 2>/dev/null; }
 stop_pid() {  # stop_pid PIDFILE NAME [--group]: SIGTERM, then SIGKILL after 30 s
     local pidfile=$1 name=$2 target
     alive "$pidfile" || { rm -f "$pidfile"; return 0; }
-    target="$(cat "$pidfile")"
+    target="$(cat "$pidfile" 2>/dev/null)" || return 0
     [[ ${3:-} == --group ]] && target="-$target"   # the MLflow server's worker processes too
     kill -TERM -- "$target" 2>/dev/null
     for ((i = 0; i < 150; i++)); do alive "$pidfile" || break; sleep 0.2; done

@@ -31,6 +31,11 @@ if ((${#need[@]})); then
 fi
 PGBIN="$(dirname "$(ls -d /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")"
 
+# PostgreSQL runs as the postgres user, which must reach its folder
+id postgres >/dev/null 2>&1 || die "no postgres user: apt-get install postgresql"
+mkdir -p "$DIR"
+runuser -u postgres -- test -x "$DIR" \
+    || die "the postgres user cannot enter $DIR (a parent folder is private): set SCALELAB_CLUSTER_DIR to a folder under one it can traverse"
 mkdir -p "$DIR"/{munge,mysql,slurm/state,slurm/spool,slurm/log,pg,mlflow/artifacts}
 chmod 755 "$DIR" "$DIR/pg"
 
@@ -49,7 +54,7 @@ fi
 # shellcheck disable=SC1091
 source "$DIR/ports.env"
 
-alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+alive() { [[ -f $1 ]] && kill -0 "$(cat "$1" 2>/dev/null)" 2>/dev/null; }
 wait_for() {  # wait_for SECONDS WHAT COMMAND...
     local t=$1 what=$2; shift 2
     for ((i = 0; i < t * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +39,11 @@ class Cluster:
         return env
 
 
-def _script(name: str, folder: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, SCALELAB_CLUSTER_DIR=str(folder), SCALELAB_PYTHON=sys.executable)
-    return subprocess.run(["bash", str(REPO / "scripts" / name)], env=env, capture_output=True,
+def _script(name: str, folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # two server workers: each is a Python process importing MLflow, on a CI machine's few cores
+    env = dict(os.environ, SCALELAB_CLUSTER_DIR=str(folder), SCALELAB_PYTHON=sys.executable,
+               SCALELAB_MLFLOW_WORKERS="2")
+    return subprocess.run(["bash", str(REPO / "scripts" / name), *args], env=env, capture_output=True,
                           text=True, timeout=600)
 
 
@@ -62,15 +65,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterato
         pytest.skip(why)
     base = tmp_path_factory.getbasetemp()
     shared = base if worker_id == "master" else base.parent  # one folder for all workers
-    folder = shared / "cluster"
+    # outside pytest's private temp root: PostgreSQL runs as the postgres user
+    folder = Path(tempfile.gettempdir()) / f"scalelab-cluster-{shared.name}"
     with open(shared / "cluster.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         users = shared / "cluster.users"
         n = int(users.read_text()) if users.exists() else 0
         r = _script("cluster_up.sh", folder)
-        if r.returncode != 0 and "apt-get install" in r.stderr:
-            pytest.skip(f"the cluster packages could not be installed: {r.stderr.strip()}")
-        assert r.returncode == 0, r.stdout + r.stderr
+        if r.returncode != 0:
+            _script("cluster_down.sh", folder, "--purge")  # what did start
+            if "apt-get install" in r.stderr:
+                pytest.skip(f"the cluster packages could not be installed: {r.stderr.strip()}")
+            pytest.fail(f"scripts/cluster_up.sh failed:\n{r.stdout}{r.stderr}")
         users.write_text(str(n + 1))
     lines = dict(ln.removeprefix("export ").split("=", 1) for ln in r.stdout.splitlines()
                  if ln.startswith("export "))
@@ -82,5 +88,5 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterato
             n = int(users.read_text()) - 1
             users.write_text(str(n))
             if n == 0:
-                r = _script("cluster_down.sh", folder)
+                r = _script("cluster_down.sh", folder, "--purge")
                 assert r.returncode == 0, r.stdout + r.stderr
