@@ -65,6 +65,8 @@ def test_sweep_points_are_slurm_jobs_nested_under_the_parent(cluster, tmp_path: 
     cmd = [sys.executable, "-m", "scalelab.cli.sweep", "sweep=cpu_tiny", "sweep.name=onslurm",
            "sweep.budgets=[1e10]", "sweep.sizes_per_budget=2", "sweep.fit=false",
            "sweep.hydra_launcher=slurm_cpu", f"sweep.output_dir={sweep_dir}",
+           # jobs that start together on a loaded CI machine may wait for the server a while
+           "logger.probe_timeout=60",
            f"paths.data_dir={session_data_dir()}", f"sweep.experiment_name=slurm_{tmp_path.name}"]
     r = subprocess.run(cmd, cwd=REPO, env=cluster.env(), capture_output=True, text=True,
                        timeout=600)
@@ -93,7 +95,7 @@ def test_requeue_and_pre_timeout_signal_continue_one_run_and_scancel_is_killed(
            "model.max_seq_len=32", "train.global_batch_size=8", "train.max_steps=1000000",
            "train.val_every=100000", "train.val_batches=1", "trainer.log_every_n_steps=1",
            "callbacks.sample.enabled=false", "logger.log_checkpoint=false",
-           "trainer.enable_progress_bar=false", "train.num_threads=1",
+           "trainer.enable_progress_bar=false", "train.num_threads=1", "logger.probe_timeout=60",
            f"logger.experiment_name=requeue_{tmp_path.name}", f"paths.output_dir={run_dir}",
            f"paths.data_dir={session_data_dir()}", f"hydra.sweep.dir={multirun}"]
     job = None
