@@ -11,13 +11,13 @@ say() { echo "cluster-down: $*" >&2; }
 export SLURM_CONF="$DIR/slurm/slurm.conf"
 
 alive() { [[ -f $1 ]] && kill -0 "$(cat "$1" 2>/dev/null)" 2>/dev/null; }
-stop_pid() {  # stop_pid PIDFILE NAME [--group]: SIGTERM, then SIGKILL after 30 s
-    local pidfile=$1 name=$2 target
+stop_pid() {  # stop_pid PIDFILE NAME [GRACE_S] [--group]: SIGTERM, then SIGKILL after GRACE_S
+    local pidfile=$1 name=$2 grace=${3:-30} target
     alive "$pidfile" || { rm -f "$pidfile"; return 0; }
     target="$(cat "$pidfile" 2>/dev/null)" || return 0
-    [[ ${3:-} == --group ]] && target="-$target"   # the MLflow server's worker processes too
+    [[ ${4:-} == --group ]] && target="-$target"   # the MLflow server's worker processes too
     kill -TERM -- "$target" 2>/dev/null
-    for ((i = 0; i < 150; i++)); do alive "$pidfile" || break; sleep 0.2; done
+    for ((i = 0; i < grace * 5; i++)); do alive "$pidfile" || break; sleep 0.2; done
     alive "$pidfile" && kill -KILL -- "$target" 2>/dev/null
     rm -f "$pidfile"
     say "$name stopped"
@@ -26,7 +26,8 @@ stop_pid() {  # stop_pid PIDFILE NAME [--group]: SIGTERM, then SIGKILL after 30 
 if alive "$DIR/slurm/slurmctld.pid"; then
     scancel --full --quiet --partition=debug 2>/dev/null    # jobs still queued or running
 fi
-stop_pid "$DIR/mlflow/server.pid" "MLflow server" --group
+# the server keeps no state of its own (PostgreSQL does): a short grace for open connections
+stop_pid "$DIR/mlflow/server.pid" "MLflow server" 5 --group
 stop_pid "$DIR/slurm/slurmd.pid" slurmd
 stop_pid "$DIR/slurm/slurmctld.pid" slurmctld
 stop_pid "$DIR/slurm/slurmdbd.pid" slurmdbd
