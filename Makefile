@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	@# Install torch first, pinned, so pip never pulls a multi-GB CUDA build on a CPU-only machine.
 	$(PIP) install -q $(TORCH_SPEC)
-	$(PIP) install -q -e ".[dev,hf]"
+	$(PIP) install -q -e ".[dev,hf,cluster]"
 	@# Bytecode for our own (editable) sources: pip compiles site-packages, and an environment
 	@# with PYTHONDONTWRITEBYTECODE=1 would otherwise recompile src/ at every start (~0.3 s).
 	$(PY) -m compileall -q src
@@ -72,8 +72,14 @@ bench: $(STAMP) ## Training bench: reference vs model vs platform in turns (ARGS
 gpu-check: $(STAMP) ## On a GPU machine: real 1-GPU FSDP train + checkpoint round trip (< 5 min)
 	$(PY) scripts/gpu_check.py $(ARGS)
 
+cluster-up: ## Start a single-node SLURM + an MLflow server on PostgreSQL (root; docs/cluster.md)
+	@bash scripts/cluster_up.sh
+
+cluster-down: ## Stop what cluster-up started (ARGS=--purge also deletes its folder)
+	@bash scripts/cluster_down.sh $(ARGS)
+
 clean: ## Remove caches and outputs (keeps .venv and the MLflow store)
 	rm -rf .pytest_cache .ruff_cache outputs multirun
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-.PHONY: help install test test-all lint format model-summary data train ui sweep-plan sweep fit bench gpu-check clean
+.PHONY: help install test test-all lint format model-summary data train ui sweep-plan sweep fit bench gpu-check cluster-up cluster-down clean

@@ -28,6 +28,7 @@ from .base_run import BaseRun
 from .launch_triage import triage
 from .plan import Plan, PlanPoint
 from .point_config import branch_checkpoint, point_overrides, train_command, write_point_config
+from .slurm_jobs import wait_for_queue
 from .sweep_settings import RunSettings
 from .sweep_spec import SweepSpec
 from .sweep_state import close_stale, latest_by_point, resumable, split_done, touched_since
@@ -145,6 +146,9 @@ class SweepRunner:
         out.commands.append(" ".join(cmd))
         started = time.time()
         rc = self._run_process(cmd, log_path, points, started, out)
+        if multirun:  # SLURM: jobs the launcher stopped waiting for
+            wait_for_queue(self.sweep_dir / "multirun" / stamp, self.poll_s,
+                           lambda: self._report_progress(points, started, out), self.echo)
         latest = self._report_progress(points, started, out)
         return triage(points, latest, started, rc, log_path,
                       self.sweep_dir / "multirun" / stamp if multirun else None, out.failed,

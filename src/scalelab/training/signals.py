@@ -75,14 +75,18 @@ class StopRequest:
         self._previous = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-        if self.signum is None:
-            self.signum = signum
-            if self.trainer is not None:
-                again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
-                log.warning("%s: stopping after the current step and saving a checkpoint%s",
-                            signal.Signals(signum).name, again)
+        if self.signum is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+            # Already stopping: SLURM's requeue or cancel sends SIGTERM to every process of the
+            # job (srun forwards it once more) while the first stop still saves the checkpoint
+            # and sends the last metrics; raising again would cut that short.
+            return
+        self.signum = signum
+        if self.trainer is not None:
+            again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
+            log.warning("%s: stopping after the current step and saving a checkpoint%s",
+                        signal.Signals(signum).name, again)
         if self.trainer is not None:
             return  # SaveOnStop stops the loop at the next batch boundary
         raise RunStopped(signum)

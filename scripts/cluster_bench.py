@@ -1,0 +1,109 @@
+"""Load checks of a tracking server (docs/cluster.md), against $MLFLOW_TRACKING_URI or --uri.
+
+    python scripts/cluster_bench.py writers --writers 16 --rows 500
+        16 processes, each one scalelab Tracker run logging ROWS steps of 2 metrics at once;
+        then counts the stored rows and the run statuses.
+    python scripts/cluster_bench.py store --from-sweep slurm1 --children 500 [--to URI]
+        a sweep parent `big<children>` whose children copy the given sweep's finished children
+        (unique point ids), written to --to (default: the same server); then times
+        collect_runs, the read behind `scalelab-fit --sweep big<children>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WRITER = """
+import sys
+from pathlib import Path
+from scalelab.tracking.run import Tracker
+uri, exp, i, rows, folder = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+t = Tracker.start(uri, exp, f"writer{i}", {"writer": str(i)}, folder=Path(folder))
+for step in range(rows):
+    t.log_metrics({"a": step * 0.5, "b": float(i)}, step=step)
+assert t.end("FINISHED")
+"""
+
+
+def writers(uri: str, n: int, rows: int) -> None:
+    from mlflow.tracking import MlflowClient
+
+    exp = f"writers_{int(time.time())}"
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.time()
+        procs = []
+        for i in range(n):
+            (Path(tmp) / str(i)).mkdir()
+            procs.append(subprocess.Popen([sys.executable, "-c", WRITER, uri, exp, str(i), str(rows),
+                                           str(Path(tmp) / str(i))], stdout=subprocess.DEVNULL))
+        codes = [p.wait() for p in procs]
+        wall = time.time() - t0
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(exp).experiment_id])
+    counts = [len(client.get_metric_history(r.info.run_id, k)) for r in runs for k in ("a", "b")]
+    print(f"{n} writers x {rows} steps x 2 metrics: exit codes {sorted(set(codes))}, {len(runs)} runs "
+          f"{sorted({r.info.status for r in runs})}, {sum(counts)} of {n * rows * 2} metric rows "
+          f"stored (per series {min(counts)}..{max(counts)}), {wall:.1f} s")
+
+
+def store(uri: str, dest: str, sweep: str, children: int) -> None:
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    from scalelab.scaling.collect import collect_runs
+    from scalelab.tracking.sweep import find_sweep_parent
+
+    src = find_sweep_parent(uri, sweep)
+    if src is None:
+        sys.exit(f"no sweep {sweep!r} in {uri}")
+    kids = [c for c in src.children() if c.status == "FINISHED"]
+    d, s = MlflowClient(dest), MlflowClient(uri)
+    name = f"big{children}"
+    exp = d.get_experiment_by_name(f"sweep_{name}")
+    exp_id = exp.experiment_id if exp else d.create_experiment(f"sweep_{name}")
+    parent = d.create_run(exp_id, run_name=f"sweep_{name}",
+                          tags={"scalelab.sweep_role": "parent", "scalelab.sweep_name": name})
+    t0 = time.time()
+    for i in range(children):
+        k = s.get_run(kids[i % len(kids)].run_id)
+        tags = {t: v for t, v in k.data.tags.items() if not t.startswith("mlflow.")}
+        tags |= {"sweep_point_id": f"{tags.get('sweep_point_id')}_{i}", "sweep_name": name,
+                 "mlflow.parentRunId": parent.info.run_id}
+        r = d.create_run(exp_id, run_name=f"c{i}", tags=tags)
+        now = int(time.time() * 1000)
+        d.log_batch(r.info.run_id, metrics=[Metric(m, v, now, 0) for m, v in k.data.metrics.items()],
+                    params=[Param(a, b) for a, b in k.data.params.items()])
+        d.set_terminated(r.info.run_id, "FINISHED")
+    d.set_terminated(parent.info.run_id, "FINISHED")
+    print(f"{children} children written to {dest} in {time.time() - t0:.1f} s")
+    t0 = time.time()
+    runs, _ = collect_runs(name, None, dest, "matmul", "attention")
+    print(f"collect_runs({name!r}) from {dest}: {len(runs)} runs in {time.time() - t0:.1f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("what", choices=["writers", "store"])
+    ap.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI"))
+    ap.add_argument("--writers", type=int, default=16)
+    ap.add_argument("--rows", type=int, default=500)
+    ap.add_argument("--from-sweep", default="slurm1")
+    ap.add_argument("--children", type=int, default=500)
+    ap.add_argument("--to", default=None)
+    a = ap.parse_args()
+    if not a.uri:
+        ap.error("set MLFLOW_TRACKING_URI or pass --uri")
+    if a.what == "writers":
+        writers(a.uri, a.writers, a.rows)
+    else:
+        store(a.uri, a.to or a.uri, a.from_sweep, a.children)
+
+
+if __name__ == "__main__":
+    main()

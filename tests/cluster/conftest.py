@@ -1,0 +1,92 @@
+"""A real single-node SLURM and an MLflow server on PostgreSQL, started by the project's own
+scripts (scripts/cluster_up.sh, scripts/cluster_down.sh) once per test session.
+
+Under pytest-xdist the workers share one cluster: the first to arrive brings it up, the last to
+leave takes it down (a counter under a file lock in the session's shared temp folder).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("munged", "slurmctld", "slurmd", "slurmdbd", "mariadbd")
+
+
+@dataclass
+class Cluster:
+    folder: Path
+    tracking_uri: str
+    slurm_conf: str
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of a command that submits jobs and tracks on the server: jobs
+        inherit it (sbatch --export=ALL), PYTHONPATH included."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        env.update(MLFLOW_TRACKING_URI=self.tracking_uri, SLURM_CONF=self.slurm_conf,
+                   PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1", TQDM_DISABLE="1")
+        env.update(extra)
+        return env
+
+
+def _script(name: str, folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # two server workers: each is a Python process importing MLflow, on a CI machine's few cores
+    env = dict(os.environ, SCALELAB_CLUSTER_DIR=str(folder), SCALELAB_PYTHON=sys.executable,
+               SCALELAB_MLFLOW_WORKERS="2")
+    return subprocess.run(["bash", str(REPO / "scripts" / name), *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _unavailable() -> str | None:
+    """Why the cluster cannot be started here (None: it can)."""
+    missing = [p for p in PACKAGES if shutil.which(p) is None]
+    if os.geteuid() != 0:
+        return ("the SLURM cluster tests need root (SLURM's daemons run as root; "
+                f"cluster_up.sh installs the Debian packages){'; missing: ' + ' '.join(missing) if missing else ''}")
+    if missing and shutil.which("apt-get") is None:
+        return f"no apt-get to install {' '.join(missing)} (Debian's slurm-wlm, slurmdbd, mariadb-server)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[Cluster]:
+    why = _unavailable()
+    if why:
+        pytest.skip(why)
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # one folder for all workers
+    # outside pytest's private temp root: PostgreSQL runs as the postgres user
+    folder = Path(tempfile.gettempdir()) / f"scalelab-cluster-{shared.name}"
+    with open(shared / "cluster.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        users = shared / "cluster.users"
+        n = int(users.read_text()) if users.exists() else 0
+        r = _script("cluster_up.sh", folder)
+        if r.returncode != 0:
+            _script("cluster_down.sh", folder, "--purge")  # what did start
+            if "apt-get install" in r.stderr:
+                pytest.skip(f"the cluster packages could not be installed: {r.stderr.strip()}")
+            pytest.fail(f"scripts/cluster_up.sh failed:\n{r.stdout}{r.stderr}")
+        users.write_text(str(n + 1))
+    lines = dict(ln.removeprefix("export ").split("=", 1) for ln in r.stdout.splitlines()
+                 if ln.startswith("export "))
+    try:
+        yield Cluster(folder, lines["MLFLOW_TRACKING_URI"], lines["SLURM_CONF"])
+    finally:
+        with open(shared / "cluster.lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            n = int(users.read_text()) - 1
+            users.write_text(str(n))
+            if n == 0:
+                r = _script("cluster_down.sh", folder, "--purge")
+                assert r.returncode == 0, r.stdout + r.stderr
