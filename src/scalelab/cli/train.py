@@ -16,6 +16,7 @@ Lightning or MLflow (each helper imports them where it needs them).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -97,17 +98,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     t_start = time.time()
     rank0 = is_global_zero()
     folder = RunFolder(_output_dir(cfg))
-    with folder.abandoned_on_error(rank0):
-        spec = _built_spec(cfg, folder)  # config errors: before torch is even imported
-    with folder.abandoned_on_error(rank0):
-        _check_runtime_keys(cfg, spec)
-    from scalelab.training.signals import STOP
+    with contextlib.ExitStack() as held:
+        with folder.abandoned_on_error(rank0):
+            spec = _built_spec(cfg, folder)  # config errors: before torch is even imported
+            held.enter_context(folder.held(rank0))  # one writer per run folder, till the end
+        with folder.abandoned_on_error(rank0):
+            _check_runtime_keys(cfg, spec)
+        from scalelab.training.signals import STOP
 
-    STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
-    try:
-        return _train(cfg, spec, folder, rank0, t_start, tracking_uri(spec, rank0))
-    finally:
-        STOP.uninstall()
+        STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
+        try:
+            return _train(cfg, spec, folder, rank0, t_start, tracking_uri(spec, rank0))
+        finally:
+            STOP.uninstall()
 
 
 def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool, t_start: float,

@@ -22,7 +22,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunStatus, ViewType
 from mlflow.tracking import MlflowClient
 
-from scalelab.tracking.run import get_or_create_experiment
+from scalelab.tracking.run import client_for, get_or_create_experiment
 from scalelab.tracking.store import is_remote, probe
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class SweepParent:
              artifact_root: str | None = None, tags: Mapping[str, str] | None = None,
              ) -> SweepParent:
         probe(tracking_uri)
-        client = MlflowClient(tracking_uri=tracking_uri)
+        client = client_for(tracking_uri)
         exp_id = get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
         found = client.search_runs(
             [exp_id], f"tags.`{ROLE_TAG}` = 'parent' and tags.`{NAME_TAG}` = '{sweep_name}'",
@@ -221,7 +221,7 @@ def children_of(client: MlflowClient, experiment_id: str, parent_run_id: str) ->
 def open_parent(tracking_uri: str, parent_run_id: str) -> SweepParent:
     """Reopen a parent by id (for refits: scalelab-fit --parent RUN_ID)."""
     probe(tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = client_for(tracking_uri)
     run = client.get_run(parent_run_id)
     return SweepParent(client, parent_run_id, run.info.experiment_id, tracking_uri, created=False)
 
@@ -229,7 +229,7 @@ def open_parent(tracking_uri: str, parent_run_id: str) -> SweepParent:
 def find_sweep_parent(tracking_uri: str, sweep_name: str) -> SweepParent | None:
     """The newest parent run tagged with ``sweep_name``, in any experiment (None if absent)."""
     probe(tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = client_for(tracking_uri)
     exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
     if not exps:
         return None
