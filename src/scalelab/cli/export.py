@@ -15,18 +15,17 @@ from pathlib import Path
 
 import torch
 
-from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict, run_meta
+from scalelab.cli.checkpoints import load, model_config_dict, run_meta, verified_model
 from scalelab.data.files import atomic_open, atomic_write_json
 
 
 def export(checkpoint: str | Path, out: str | Path) -> Path:
     """Write ``out/model.pt`` and ``out/config.json``; returns ``out``. Verifies the round trip."""
-    from scalelab.model import ModelConfig, Transformer
+    from scalelab.model import ModelConfig
 
     ckpt = load(checkpoint)
     cfg = ModelConfig.from_dict(model_config_dict(ckpt))
-    model = Transformer(cfg)
-    model.load_state_dict(model_state_dict(ckpt))  # fails here, not later, if keys do not match
+    model = verified_model(ckpt)  # one line, not later, if the tensors do not fit the config
     # through the model: the saved tensors are exactly the model's, contiguous and detached
     sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     out = Path(out).expanduser().resolve()
