@@ -163,32 +163,68 @@ def exclusive_folder(folder: str | Path, what: str) -> Iterator[None]:
 
 
 # --- whole folders ----------------------------------------------------------------------------
+def check_replaceable(dest: Path, may_replace: Callable[[str], bool]) -> None:
+    """Raise ValueError unless ``dest`` is absent, empty, or holds only names ``may_replace``
+    accepts (what an earlier run of the same writer left): a whole-folder write never deletes
+    a user's other files."""
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise ValueError(f"{dest}: exists and is a file; choose a new or empty folder")
+    other = sorted(p.name for p in dest.iterdir() if not may_replace(p.name))
+    if other:
+        raise ValueError(f"{dest}: exists and holds {other[0]!r} ({len(other)} file(s) this "
+                         "command does not write); choose a new or empty folder")
+
+
+def _remove_dead_writers_leftovers(dest: Path) -> None:
+    """Temp folders beside ``dest`` left by a writer that was killed (its PID is gone)."""
+    for p in dest.parent.glob(f".{dest.name}.*.*"):
+        pid = p.name[len(dest.name) + 2:].split(".")[0]
+        if p.suffix not in (".tmp", ".old") or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            if int(pid) != os.getpid():
+                continue  # a live writer's
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        if p.suffix == ".old" and not dest.exists():
+            os.replace(p, dest)  # killed between its two renames: the old folder comes back
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
 @contextlib.contextmanager
-def atomic_folder(dest: str | Path) -> Iterator[Path]:
+def atomic_folder(dest: str | Path,
+                  may_replace: Callable[[str], bool] = lambda name: False) -> Iterator[Path]:
     """``with atomic_folder(d) as tmp: write files into tmp``: ``d`` then holds all of them.
 
     The files go into a hidden temp folder beside ``d`` (same filesystem); on success an old
     ``d`` is moved aside, the temp folder renamed to ``d`` and the old one removed, so a reader
     sees the old folder whole, the new one whole, or (for an instant) none; never a mix. A
-    failed block removes the temp folder and leaves ``d`` as it was.
+    failed block removes the temp folder and leaves ``d`` as it was. An existing ``d`` is
+    replaced only if empty or holding nothing but names ``may_replace`` accepts
+    (``check_replaceable``, checked before and again at the swap).
     """
     dest = Path(dest).expanduser().resolve()
+    _remove_dead_writers_leftovers(dest)
+    check_replaceable(dest, may_replace)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     old = dest.with_name(f".{dest.name}.{os.getpid()}.old")
-    for stale in (tmp, old):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp.mkdir()
+    tmp.mkdir(0o777)  # the umask applies, as for any folder the user makes
     try:
         yield tmp
         for f in tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb+") as fh:
                     os.fsync(fh.fileno())
-        if dest.is_dir():
+        check_replaceable(dest, may_replace)  # nothing foreign arrived meanwhile
+        if dest.exists():
             os.replace(dest, old)
-        elif dest.exists():
-            dest.unlink()
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
