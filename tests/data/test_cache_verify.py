@@ -55,10 +55,12 @@ def test_ids_outside_the_vocabulary_are_one_line(prepared) -> None:
     assert "\n" not in str(e.value) and str(p.dir) in str(e.value)
 
 
-def test_a_cache_without_hashes_gets_them_on_reuse(prepared) -> None:
+def test_a_cache_without_hashes_is_prepared_again(prepared, capsys) -> None:
     corpus, cache, p = prepared
     meta = json.loads((p.dir / "meta.json").read_text())
     recorded = meta.pop("content_hash")
     (p.dir / "meta.json").write_text(json.dumps(meta))
+    capsys.readouterr()
     again = _prepare(corpus, cache)
+    assert "no content hash to verify them by" in capsys.readouterr().out
     assert again.meta["content_hash"] == recorded

@@ -181,15 +181,17 @@ def shard_digest(path: Path, dtype: str) -> tuple[str, int]:
 
 def _verify(d: Path, say: Callable[[str], None]) -> bool:
     """True if the complete folder's shards still hold what meta.json recorded (content hash),
-    with no id outside the vocabulary. A changed shard: False (it is prepared again); a folder
-    from before hashes gets them recorded now; a shard whose hash matches but whose ids do
-    not fit its vocabulary (meta.json edited by hand) is refused in one line."""
+    with no id outside the vocabulary. A changed shard, or a folder from before the hashes
+    (nothing to check it against): False, it is prepared again; a shard whose hash matches but
+    whose ids do not fit its vocabulary (meta.json edited too) is refused in one line."""
     meta = json.loads((d / "meta.json").read_text(encoding="utf-8"))
     recorded = meta.get("content_hash") or {}
-    found = {}
+    if not recorded:
+        say(f"cached shards {d} have no content hash to verify them by: preparing them again")
+        return False
     for split in ("train", "val"):
         digest, top = shard_digest(d / f"{split}.bin", meta["dtype"])
-        if recorded and recorded.get(split) != digest:
+        if recorded.get(split) != digest:
             say(f"cached shards {d}: {split}.bin changed on disk (content hash differs from "
                 "meta.json): preparing them again")
             return False
@@ -198,10 +200,6 @@ def _verify(d: Path, say: Callable[[str], None]) -> bool:
                 f"token cache {d / (split + '.bin')} holds token id {top}, outside the vocabulary "
                 f"of {meta['vocab_size']} in its meta.json: the cache was altered; delete {d} "
                 "and rerun to prepare it again")
-        found[split] = digest
-    if not recorded:
-        meta["content_hash"] = found
-        atomic_write_bytes(d / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False).encode())
     return True
 
 
