@@ -157,7 +157,11 @@ def exclusive_folder(folder: str | Path, what: str) -> Iterator[None]:
             info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since})
             os.ftruncate(fd, 0)
             os.pwrite(fd, info.encode() + b"\n", 0)
-        yield
+        try:
+            yield
+        finally:
+            if locked_here:  # empty while nobody holds it: a command that only checked and was
+                os.ftruncate(fd, 0)  # refused leaves the folder's files as they were
     finally:
         os.close(fd)  # closing drops the lock
 

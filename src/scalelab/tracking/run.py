@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from scalelab.tracking.guard import StatusGuarded
 from scalelab.tracking.null import NullTracker
+from scalelab.tracking.process import process_alive
 from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
     experiment_artifact_location,
@@ -237,8 +238,6 @@ def _warn_if_still_written(run: Any) -> None:
     """The run folder's lock is the guard against two writers; where the filesystem cannot
     lock (some network mounts) or the other writer is on another host, the run's own status
     and host/PID tags are the backup: say who may still be writing into it."""
-    from scalelab.tracking.sweep import process_alive
-
     tags = run.data.tags
     if run.info.status != "RUNNING" or tags.get("scalelab.pid") == str(os.getpid()):
         return

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunStatus, ViewType
 from mlflow.tracking import MlflowClient
 
+from scalelab.tracking.process import process_alive
 from scalelab.tracking.run import client_for, get_or_create_experiment
 from scalelab.tracking.store import is_remote, probe
 
@@ -171,35 +170,6 @@ STALE_TAG = "scalelab.stale"
 # parent and child: the fingerprint of the fixed held-out set (scaling.heldout.HeldoutSet); a
 # child's held-out loss counts only when its tag matches its parent's
 HELDOUT_SET_TAG = "heldout_set"
-
-
-def process_alive(tags: Mapping[str, str]) -> bool:
-    """Whether the process named by a run's tags (scalelab.host/pid/pid_start) still runs here.
-
-    False when the host is this one and the PID is gone or now belongs to a younger process
-    (PID reuse); also False without the tags (runs from before they existed). A run on
-    another host cannot be checked from here: True (leave it alone).
-    """
-    host, pid = tags.get("scalelab.host"), tags.get("scalelab.pid", "")
-    if not host or not pid.isdigit():
-        return False
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process with that PID: not ours any more
-        return False
-    start = tags.get("scalelab.pid_start")
-    if start:
-        import psutil
-
-        try:
-            return abs(psutil.Process(int(pid)).create_time() - float(start)) < 1.0
-        except (psutil.Error, ValueError):
-            return False
-    return True
 
 
 def children_of(client: MlflowClient, experiment_id: str, parent_run_id: str) -> list[ChildRun]:
