@@ -10,6 +10,7 @@ from scalelab.data.tokenizers import tokenizer_from_spec
 from scalelab.training.checkpoint import (
     consolidated_if_sharded,
     model_config,
+    model_of,
     model_state_dict,
     newest_verified,
     read_checkpoint,
@@ -18,7 +19,7 @@ from scalelab.training.checkpoint import (
 
 # sample/export/eval/viz/interop import these from here; the checkpoint module owns them
 __all__ = ["find_checkpoint", "load", "model_config_dict", "model_state_dict", "run_meta",
-           "tokenizer_from_spec"]
+           "tokenizer_from_spec", "verified_model"]
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -52,3 +53,8 @@ def model_config_dict(ckpt: dict[str, Any]) -> dict[str, Any]:
     if not cfg:
         raise ValueError(f"{ckpt.get('_path')}: no model config in the checkpoint (not from scalelab-train?)")
     return cfg
+
+
+def verified_model(ckpt: dict[str, Any]) -> Any:
+    """The checkpoint's Transformer; refused in one line if its tensors do not fit its config."""
+    return model_of(model_config_dict(ckpt), model_state_dict(ckpt), ckpt.get("_path", "?"))

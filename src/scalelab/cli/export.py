@@ -10,29 +10,27 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import torch
 
-from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict, run_meta
-from scalelab.data.files import atomic_open, atomic_write_json
+from scalelab.cli.checkpoints import load, model_config_dict, run_meta, verified_model
+from scalelab.data.files import atomic_folder
+
+EXPORTED = frozenset({"model.pt", "config.json"})  # an earlier export in --out is replaced whole
 
 
 def export(checkpoint: str | Path, out: str | Path) -> Path:
     """Write ``out/model.pt`` and ``out/config.json``; returns ``out``. Verifies the round trip."""
-    from scalelab.model import ModelConfig, Transformer
+    from scalelab.model import ModelConfig
 
     ckpt = load(checkpoint)
     cfg = ModelConfig.from_dict(model_config_dict(ckpt))
-    model = Transformer(cfg)
-    model.load_state_dict(model_state_dict(ckpt))  # fails here, not later, if keys do not match
+    model = verified_model(ckpt)  # one line, not later, if the tensors do not fit the config
     # through the model: the saved tensors are exactly the model's, contiguous and detached
     sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    out = Path(out).expanduser().resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_open(out / "model.pt") as f:  # never a half-written model.pt next to config.json
-        torch.save(sd, f)
     meta = run_meta(ckpt)
     info = {
         "model_config": cfg.to_dict(),
@@ -43,7 +41,12 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
         "mlflow_run_id": meta.get("mlflow_run_id"),
         "source_checkpoint": ckpt["_path"],
     }
-    atomic_write_json(out / "config.json", info)
+    out = Path(out).expanduser().resolve()
+    # the pair appears together or not at all: never a model.pt beside another export's config
+    with atomic_folder(out, may_replace=EXPORTED.__contains__) as tmp:
+        with open(tmp / "model.pt", "wb") as f:
+            torch.save(sd, f)
+        (tmp / "config.json").write_text(json.dumps(info, indent=2) + "\n")
     return out
 
 

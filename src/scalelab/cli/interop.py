@@ -18,9 +18,9 @@ import torch
 from scalelab.cli.checkpoints import (
     load,
     model_config_dict,
-    model_state_dict,
     run_meta,
     tokenizer_from_spec,
+    verified_model,
 )
 from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.checkpoint import RUN_KEY, write_checkpoint
@@ -42,7 +42,8 @@ def export_checkpoint_hf(checkpoint: str | Path, out: str | Path) -> dict[str, A
             print(f"note: tokenizer not exported ({e})", file=sys.stderr)
     info = {"source_checkpoint": ckpt["_path"], "global_step": ckpt.get("global_step"),
             "mlflow_run_id": meta.get("mlflow_run_id"), "objective": meta.get("objective")}
-    return export_hf(cfg, model_state_dict(ckpt), out, tokenizer=tok, info=info)
+    weights = verified_model(ckpt).state_dict()  # tensors that do not fit the config: one line
+    return export_hf(cfg, weights, out, tokenizer=tok, info=info)
 
 
 def import_to_checkpoint(source: str | Path, out: str | Path,

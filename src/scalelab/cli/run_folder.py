@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.config.run_dir import PENDING, created_by_this_command, raise_deferred
-from scalelab.data.files import atomic_write_json, atomic_write_text
+from scalelab.data.files import LOCK_FILE, atomic_write_json, atomic_write_text, exclusive_folder
 
 RUN_ID_FILE = "mlflow_run_id"  # <run folder>/mlflow_run_id: what resume reopens
 SUMMARY_FILE = "summary.json"  # <run folder>/summary.json: final metrics, run id, status
 
 # what Hydra itself puts in a folder: without anything else, a folder holds nothing of value
-_HYDRA_ONLY = {".hydra", PENDING, "train.log", "__main__.log"}
+_HYDRA_ONLY = {".hydra", PENDING, "train.log", "__main__.log", LOCK_FILE}
 
 
 class RunFolder:
@@ -75,6 +75,13 @@ class RunFolder:
             if rank0:
                 self.abandon()
             raise
+
+    def held(self, rank0: bool) -> contextlib.AbstractContextManager[None]:
+        """One writer per run folder (rank 0 holds it for the run's life): a second command on
+        the same folder (a second ``resume=true``) is refused, naming the holder's host and PID."""
+        if not rank0:
+            return contextlib.nullcontext()
+        return exclusive_folder(self.out_dir, "run folder")
 
     def commit(self) -> None:
         self._release_file_logs(write=True)

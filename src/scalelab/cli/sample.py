@@ -16,9 +16,9 @@ import torch
 from scalelab.cli.checkpoints import (
     load,
     model_config_dict,
-    model_state_dict,
     run_meta,
     tokenizer_from_spec,
+    verified_model,
 )
 
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
 
-    from scalelab.model import ModelConfig, Transformer
+    from scalelab.model import ModelConfig
 
     try:
         ckpt = load(args.checkpoint)
@@ -44,11 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         if "tokenizer" not in meta:
             raise ValueError(f"{ckpt['_path']}: no tokenizer spec in the checkpoint")
         tok = tokenizer_from_spec(meta["tokenizer"])
+        model = verified_model(ckpt)  # tensors that no longer fit the stored config: one line
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model = Transformer(cfg)
-    model.load_state_dict(model_state_dict(ckpt))
     model.to(args.device).eval()
     torch.manual_seed(args.seed)
     top_k = args.top_k if args.top_k > 0 else None

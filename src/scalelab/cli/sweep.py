@@ -31,7 +31,7 @@ from scalelab.cli.sweep_estimate import (
 )
 from scalelab.cli.sweep_fit import fit_and_report
 from scalelab.cli.sweep_plan import fmt_seconds, print_plan
-from scalelab.data.files import atomic_write_text
+from scalelab.data.files import atomic_write_text, exclusive_folder
 
 GROUPS_NOT_VARIANTS = "a variant axis must name a field (model.mlp=gelu,swiglu), not a config group"
 
@@ -131,7 +131,9 @@ def run(argv: list[str]) -> int:
         console.print(f"plan only: nothing ran. Run it with: scalelab-sweep "
                       f"{' '.join(argv_without_plan_only(args.overrides))}".rstrip())
         return 0
-    return _run_sweep(plan, spec, settings, base, sweep_dir, estimates, console, t_start)
+    # one sweep per folder: a second one of the same name is refused, naming the first's PID
+    with exclusive_folder(sweep_dir, "sweep folder"):
+        return _run_sweep(plan, spec, settings, base, sweep_dir, estimates, console, t_start)
 
 
 def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,

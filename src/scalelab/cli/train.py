@@ -16,6 +16,7 @@ Lightning or MLflow (each helper imports them where it needs them).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -97,17 +98,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     t_start = time.time()
     rank0 = is_global_zero()
     folder = RunFolder(_output_dir(cfg))
-    with folder.abandoned_on_error(rank0):
-        spec = _built_spec(cfg, folder)  # config errors: before torch is even imported
-    with folder.abandoned_on_error(rank0):
-        _check_runtime_keys(cfg, spec)
-    from scalelab.training.signals import STOP
+    with contextlib.ExitStack() as held:
+        with folder.abandoned_on_error(rank0):
+            spec = _built_spec(cfg, folder)  # config errors: before torch is even imported
+            held.enter_context(folder.held(rank0))  # one writer per run folder, till the end
+        with folder.abandoned_on_error(rank0):
+            _check_runtime_keys(cfg, spec)
+        from scalelab.training.signals import STOP
 
-    STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
-    try:
-        return _train(cfg, spec, folder, rank0, t_start, tracking_uri(spec, rank0))
-    finally:
-        STOP.uninstall()
+        STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
+        try:
+            return _train(cfg, spec, folder, rank0, t_start, tracking_uri(spec, rank0))
+        finally:
+            STOP.uninstall()
 
 
 def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool, t_start: float,
@@ -133,12 +136,17 @@ def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool, t_sta
     except BaseException as e:
         _record_failure(run, tracker, e, rank0)
         raise
+    from scalelab.training.signals import STOP, at_phase
+
+    at_phase("exit")
     if rank0:
         from scalelab.cli.outputs import print_summary
 
-        summary["status"] = "FINISHED"
-        folder.write_summary(summary)
         print_summary(summary)
+    late = STOP.deferred_signal()
+    if late and rank0:  # it came after the outcome was decided: FINISHED, everywhere, exit 0
+        print(f"{late} came while the run's FINISHED status was being recorded: it is FINISHED "
+              "in summary.json and MLflow; exiting 0", flush=True)
     return summary
 
 
@@ -235,8 +243,24 @@ def _tracked_run(run: CheckedRun, tracker: Any, t_start: float) -> dict[str, Any
         _stop_if_signalled(spec, trainer, run.out_dir)
         if trainer.interrupted:
             raise KeyboardInterrupt  # Lightning swallowed Ctrl-C: record the run as KILLED
-        return _final_values_and_outputs(run, trainer, module, tracker, val_steps, fit_seconds,
-                                         t_start)
+        summary = _final_values_and_outputs(run, trainer, module, tracker, val_steps,
+                                            fit_seconds, t_start)
+        _commit_finished(run, summary)
+    # (the guard closed the MLflow run FINISHED, with any signal still deferred)
+    return summary
+
+
+def _commit_finished(run: CheckedRun, summary: dict[str, Any]) -> None:
+    """The outcome is decided: from here a signal is deferred until summary.json and MLflow both
+    say FINISHED (summary.json first; the status guard closes the MLflow run right after)."""
+    from scalelab.training.signals import STOP, at_phase
+
+    at_phase("summary")
+    STOP.defer()
+    summary["status"] = "FINISHED"
+    if is_global_zero():
+        run.folder.write_summary(summary)
+    at_phase("mlflow_end")
 
 
 def _checkpoint_meta(run: CheckedRun, tracker: Any) -> dict[str, Any]:
@@ -260,16 +284,21 @@ def _final_values_and_outputs(run: CheckedRun, trainer: Any, module: Any, tracke
     from scalelab.cli.final import final_metrics
     from scalelab.cli.lightning_module import final_sample
     from scalelab.cli.outputs import run_summary, write_outputs
+    from scalelab.training.signals import at_phase
 
     spec, out_dir = run.spec, run.out_dir
     step = int(trainer.global_step)
+    at_phase("final_validation")
     if not spec.fast_dev_run and (not val_steps or val_steps[-1] != step):
         trainer.validate(module, datamodule=run.data.datamodule, verbose=False)
         _stop_if_signalled(spec, trainer, out_dir)
+    at_phase("final_checkpoint")
     if spec.saves_checkpoints:
         trainer.save_checkpoint(run.folder.last_checkpoint)  # the final state, any val schedule
     final = final_metrics(trainer, spec, run.model_cfg, fit_seconds, run.point.ckpt)
+    at_phase("final_sample")
     sample = final_sample(spec, module, run.data) if trainer.is_global_zero else ""
+    at_phase("upload")
     write_outputs(tracker, spec, out_dir, final, sample, run.folder.last_checkpoint,
                   trainer.is_global_zero)
     return run_summary(tracker, spec, out_dir, final, sample, t_start, run.point.ckpt)
@@ -288,7 +317,9 @@ def _stop_if_signalled(spec: RunSpec, trainer: Any, out_dir: Path) -> None:
 def _record_failure(run: CheckedRun, tracker: Any, error: BaseException, rank0: bool) -> None:
     """Close the MLflow run as FAILED or KILLED and leave summary.json; a signal exits 128+N."""
     from scalelab.cli.stopping import on_stop
+    from scalelab.training.signals import STOP
 
+    STOP.defer()  # a second signal must not cut the KILLED/FAILED record in half
     status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
     tracker.end(status)  # no-op if the status guard closed it; covers errors before it
     stop = on_stop(run.spec, run.out_dir, tracker, error, rank0)

@@ -8,14 +8,12 @@ export leaves nothing behind.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from scalelab.data.files import atomic_folder
 from scalelab.interop.families import HF_CLASS, family_of, to_hf
 from scalelab.interop.hf_config import hf_config_kwargs
 from scalelab.model import ModelConfig, Transformer
@@ -87,12 +85,8 @@ def export_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor], out: str | Path,
     if tokenizer is not None and hasattr(tokenizer, "pad_id"):
         special = {"pad": tokenizer.pad_id, "eos": tokenizer.eot_id, "bos": tokenizer.bos_id}
     family, hf_model = build_hf_model(cfg, ours.state_dict(), special)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the renamed folder gets normal permissions
-    try:
+    # written beside ``out`` and renamed into place whole (scalelab.data.files.atomic_folder)
+    with atomic_folder(out) as tmp:
         hf_model.save_pretrained(str(tmp), safe_serialization=True)
         tok_note = "none (no tokenizer recorded)"
         if tokenizer is not None and hasattr(tokenizer, "enc"):
@@ -112,10 +106,4 @@ def export_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor], out: str | Path,
                   "max_abs_logit_diff": diff, "tokenizer": tok_note, **(info or {}),
                   "model_config": cfg.to_dict()}
         (tmp / "scalelab.json").write_text(json.dumps(result, indent=2) + "\n")
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {**result, "out": str(out)}

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scalelab.data.files import atomic_save_with, atomic_write_text
+from scalelab.data.files import atomic_folder, atomic_save_with, atomic_write_text
 
 from .fit import Estimate, ScalingResults, VariantFit
 from .fit_data import measured_sigma
@@ -443,8 +443,21 @@ def write_report(results: ScalingResults, out_dir, plan=None, tune=None, lr_law:
     ``plan``: optional DataFrame (or records) of the sweep plan, shown as the first table.
     ``laws_from``: (path, per-variant laws) when sweep.laws_from set the hyperparameters.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out_dir).expanduser().resolve()
+    # drawn into a folder beside ``final`` and renamed into place whole: a reader never sees a
+    # report.md whose plots are from another fit; an earlier report there is replaced
+    with atomic_folder(final, may_replace=is_report_file) as out:
+        written = _write_report_into(out, results, plan, tune, lr_law, laws_from)
+    return [final / p.relative_to(out) for p in written]
+
+
+def is_report_file(name: str) -> bool:
+    """What write_report puts in its folder (an earlier report there may be replaced)."""
+    return name.endswith((".png", ".md", ".html"))
+
+
+def _write_report_into(out: Path, results: ScalingResults, plan, tune, lr_law: dict | None,
+                       laws_from: tuple[str, dict] | None) -> list[Path]:
     written: list[Path] = []
     md = _header_md(results)
     if plan is not None:

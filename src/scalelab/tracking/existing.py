@@ -9,11 +9,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from scalelab.paths import repo_root
+from scalelab.tracking.run import client_for
 from scalelab.tracking.store import resolve_tracking_uri
 
 
 def _client(tracking_uri: str | None) -> MlflowClient:
-    return MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri, repo_root()))
+    return client_for(resolve_tracking_uri(tracking_uri, repo_root()))
 
 
 def run_output_dir(run_id: str, tracking_uri: str | None = None) -> Path:

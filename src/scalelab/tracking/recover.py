@@ -23,6 +23,7 @@ from mlflow.entities import Run, ViewType
 from mlflow.tracking import MlflowClient
 
 from scalelab.paths import repo_root
+from scalelab.tracking.run import client_for
 from scalelab.tracking.store import resolve_tracking_uri
 from scalelab.tracking.sweep import STALE_TAG, process_alive
 
@@ -60,7 +61,7 @@ def replay_folder(folder: Path, tracking_uri: str | None) -> int:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise ValueError(f"{folder}: pass --tracking-uri (the store the run was created in)")
-    return replay_pending(MlflowClient(uri), rid.read_text().strip(), folder)
+    return replay_pending(client_for(uri), rid.read_text().strip(), folder)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sent {n} pending call(s)" if n else "nothing pending")
             return 0
         uri = resolve_tracking_uri(a.tracking_uri, repo_root())
-        client = MlflowClient(uri)
+        client = client_for(uri)
         runs = stale_runs(client)
         for r in runs:
             t = r.data.tags

@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from scalelab.tracking.guard import StatusGuarded
 from scalelab.tracking.null import NullTracker
+from scalelab.tracking.process import process_alive
 from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
     experiment_artifact_location,
@@ -128,6 +129,7 @@ class Tracker(StatusGuarded):
                     f"not in {tracking_uri}: {e.message}. Resume against the store the run was "
                     "created in (logger.tracking_uri=...), or delete mlflow_run_id to start a new run."
                 ) from None
+            _warn_if_still_written(run)
             if folder is not None:  # what the previous attempt could not send goes first
                 replay_pending(client, resume_run_id, folder)
             client.update_run(resume_run_id, status="RUNNING")
@@ -230,6 +232,19 @@ class Tracker(StatusGuarded):
                     "replay %s`", status, self.run_id, self.tracking_uri, why,
                     len(self.spool.pending), self.spool.path or "memory only", where)
         return False
+
+
+def _warn_if_still_written(run: Any) -> None:
+    """The run folder's lock is the guard against two writers; where the filesystem cannot
+    lock (some network mounts) or the other writer is on another host, the run's own status
+    and host/PID tags are the backup: say who may still be writing into it."""
+    tags = run.data.tags
+    if run.info.status != "RUNNING" or tags.get("scalelab.pid") == str(os.getpid()):
+        return
+    if process_alive(tags) and tags.get("scalelab.host"):
+        log.warning("MLflow run %s is RUNNING, last written by PID %s on host %s; if that "
+                    "process still runs, stop it first: two processes would write into one run",
+                    run.info.run_id, tags.get("scalelab.pid"), tags.get("scalelab.host"))
 
 
 def get_or_create_experiment(

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +20,8 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunStatus, ViewType
 from mlflow.tracking import MlflowClient
 
-from scalelab.tracking.run import get_or_create_experiment
+from scalelab.tracking.process import process_alive
+from scalelab.tracking.run import client_for, get_or_create_experiment
 from scalelab.tracking.store import is_remote, probe
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ class SweepParent:
              artifact_root: str | None = None, tags: Mapping[str, str] | None = None,
              ) -> SweepParent:
         probe(tracking_uri)
-        client = MlflowClient(tracking_uri=tracking_uri)
+        client = client_for(tracking_uri)
         exp_id = get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
         found = client.search_runs(
             [exp_id], f"tags.`{ROLE_TAG}` = 'parent' and tags.`{NAME_TAG}` = '{sweep_name}'",
@@ -173,35 +172,6 @@ STALE_TAG = "scalelab.stale"
 HELDOUT_SET_TAG = "heldout_set"
 
 
-def process_alive(tags: Mapping[str, str]) -> bool:
-    """Whether the process named by a run's tags (scalelab.host/pid/pid_start) still runs here.
-
-    False when the host is this one and the PID is gone or now belongs to a younger process
-    (PID reuse); also False without the tags (runs from before they existed). A run on
-    another host cannot be checked from here: True (leave it alone).
-    """
-    host, pid = tags.get("scalelab.host"), tags.get("scalelab.pid", "")
-    if not host or not pid.isdigit():
-        return False
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process with that PID: not ours any more
-        return False
-    start = tags.get("scalelab.pid_start")
-    if start:
-        import psutil
-
-        try:
-            return abs(psutil.Process(int(pid)).create_time() - float(start)) < 1.0
-        except (psutil.Error, ValueError):
-            return False
-    return True
-
-
 def children_of(client: MlflowClient, experiment_id: str, parent_run_id: str) -> list[ChildRun]:
     runs, token = [], None
     while True:
@@ -221,7 +191,7 @@ def children_of(client: MlflowClient, experiment_id: str, parent_run_id: str) ->
 def open_parent(tracking_uri: str, parent_run_id: str) -> SweepParent:
     """Reopen a parent by id (for refits: scalelab-fit --parent RUN_ID)."""
     probe(tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = client_for(tracking_uri)
     run = client.get_run(parent_run_id)
     return SweepParent(client, parent_run_id, run.info.experiment_id, tracking_uri, created=False)
 
@@ -229,7 +199,7 @@ def open_parent(tracking_uri: str, parent_run_id: str) -> SweepParent:
 def find_sweep_parent(tracking_uri: str, sweep_name: str) -> SweepParent | None:
     """The newest parent run tagged with ``sweep_name``, in any experiment (None if absent)."""
     probe(tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = client_for(tracking_uri)
     exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
     if not exps:
         return None

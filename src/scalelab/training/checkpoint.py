@@ -271,22 +271,37 @@ def model_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
 
 def load_model(path: str | Path) -> Any:
     """The Transformer of a checkpoint file (weights only: no pickled code runs)."""
-    from scalelab.model import ModelConfig, Transformer
-
     ckpt = read_checkpoint(path)
     cfg = model_config(ckpt)
     if not cfg:
         raise CheckpointError(f"{path}: no model config in the checkpoint (not from scalelab-train?)")
-    model = Transformer(ModelConfig.from_dict(cfg))
-    weights = model_state_dict(ckpt)
-    missing = sorted(set(model.state_dict()) - set(weights))
-    unexpected = sorted(set(weights) - set(model.state_dict()))
+    return model_of(cfg, model_state_dict(ckpt), path)
+
+
+def model_of(cfg: Mapping[str, Any], weights: Mapping[str, torch.Tensor], path: str | Path) -> Any:
+    """A Transformer built from a checkpoint's stored config and loaded with its weights; a file
+    whose tensors no longer fit that config (edited, or from another model version) is one
+    CheckpointError naming the first differences, never torch's multi-line load error."""
+    from scalelab.model import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig.from_dict(dict(cfg)))
+    own = model.state_dict()
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: its weights do not fit its model config ({len(missing)} missing, e.g. "
             f"{(missing or ['-'])[0]}; {len(unexpected)} unexpected, e.g. {(unexpected or ['-'])[0]}): "
             "it was written by another version of the model; export it with that version")
-    model.load_state_dict(weights)
+    wrong = [k for k in own if tuple(own[k].shape) != tuple(getattr(weights[k], "shape", ()))]
+    if wrong:
+        k = wrong[0]
+        raise CheckpointError(
+            f"{path}: {len(wrong)} tensor(s) do not match the model config stored with them, e.g. "
+            f"{k} is {list(getattr(weights[k], 'shape', []))} where the config "
+            f"[{describe_model(cfg)}] needs {list(own[k].shape)}: the file was altered; use "
+            "another checkpoint")
+    model.load_state_dict(dict(weights))
     return model
 
 

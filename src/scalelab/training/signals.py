@@ -50,12 +50,14 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.trainer: pl.Trainer | None = None  # set while a Trainer loop runs
+        self.deferring = False  # set while the run's final status is being recorded
         self._previous: dict[int, Any] = {}
 
     # --- handlers ------------------------------------------------------------------------
     def install(self) -> None:
         """Take over SIGTERM, SIGUSR1 and (unless the parent ignores it) SIGINT."""
-        self.signum, self.trainer = None, None  # a --multirun runs several jobs in one process
+        # a --multirun runs several jobs in one process
+        self.signum, self.trainer, self.deferring = None, None, False
         if threading.current_thread() is not threading.main_thread():
             return  # signal.signal only works there; Hydra/joblib workers keep the defaults
         for sig in STOP_SIGNALS:
@@ -75,6 +77,10 @@ class StopRequest:
         self._previous = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.deferring:  # the status is being written to every store: let it finish
+            if self.signum is None:
+                self.signum = signum
+            return
         if self.signum is not None:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
@@ -90,6 +96,16 @@ class StopRequest:
         if self.trainer is not None:
             return  # SaveOnStop stops the loop at the next batch boundary
         raise RunStopped(signum)
+
+    # --- the run's final status ----------------------------------------------------------------
+    def defer(self) -> None:
+        """From here a signal is only noted: the status being recorded (FINISHED, or KILLED and
+        FAILED on the way out) reaches summary.json and MLflow whole, never half of it."""
+        self.deferring = True
+
+    def deferred_signal(self) -> str | None:
+        """The name of a signal that came while deferring (None: none came)."""
+        return signal.Signals(self.signum).name if self.deferring and self.signum else None
 
     # --- after the Trainer -------------------------------------------------------------------
     def raise_if_stopped(self) -> None:
@@ -109,6 +125,15 @@ class StopRequest:
 
 
 STOP = StopRequest()
+PHASE_ENV = "SCALELAB_SIGNAL_AT_PHASE"
+
+
+def at_phase(name: str) -> None:
+    """A named boundary of the run's end (final_validation, final_checkpoint, final_sample,
+    upload, summary, mlflow_end, exit). With ``$SCALELAB_SIGNAL_AT_PHASE=<name>`` the process
+    sends itself SIGTERM there: how a test reaches each boundary without depending on timing."""
+    if os.environ.get(PHASE_ENV) == name:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class SaveOnStop(pl.Callback):
@@ -192,5 +217,5 @@ def is_slurm_requeue() -> bool:
     return os.environ.get("SLURM_RESTART_COUNT", "0").strip() not in ("", "0")
 
 
-__all__ = ["REQUEUE_SIGNAL", "STOP", "RunStopped", "SaveOnStop", "StopRequest",
-           "is_slurm_requeue", "requeue_slurm_job", "slurm_job_id"]
+__all__ = ["PHASE_ENV", "REQUEUE_SIGNAL", "STOP", "RunStopped", "SaveOnStop", "StopRequest",
+           "at_phase", "is_slurm_requeue", "requeue_slurm_job", "slurm_job_id"]
