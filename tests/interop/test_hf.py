@@ -219,8 +219,34 @@ def test_cli_trained_model_exports_to_transformers_and_trains_from_hf(
 
     r = train_cli.run(*common, "train.max_steps=1", f"model.init_from=hf:{hf_dir}",
                       f"paths.output_dir={tmp_path / 'ft'}", "callbacks.sample.enabled=false",
-                      timeout=600)
+                      "logger=mlflow", "run_name=ft", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert f"init from     : hf:{hf_dir}" in r.stdout + r.stderr  # the banner names it
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "params.run_name = 'ft'")
+    assert [x.data.params["init_from"] for x in runs] == [f"hf:{hf_dir}"]
     r = train_cli.run(*common, "train.max_steps=1", f"model.init_from=hf:{tmp_path / 'nope'}",
                       f"paths.output_dir={tmp_path / 'bad'}")
     assert r.returncode == 2 and "model.init_from" in r.stderr
+
+
+def test_init_from_takes_positions_from_hf_and_names_the_tokenizer_fix(tmp_path: Path) -> None:
+    """A BERT with 64 positions under model=bert_tiny (block size 128 from the preset): the run
+    uses 64. A tokenizer larger than the model's vocabulary gets an error that names the fix."""
+    from scalelab.config.compose import compose
+    from scalelab.config.spec import build_spec
+
+    hf = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64))
+    hf.save_pretrained(tmp_path / "bert")
+    cfg = compose("train", ["model=bert_tiny", "data=shakespeare", "tokenizer=byte",
+                            f"model.init_from=hf:{tmp_path / 'bert'}", "logger=none"])
+    assert cfg.train.block_size > 64  # the preset's, before the HF config is read
+    spec = build_spec(cfg)
+    assert spec.block_size == spec.model.max_seq_len == 64 and spec.model.vocab_size == V
+    with pytest.raises(ValueError, match=r"model.init_from=hf:.*97 ids but tokenizer=byte has 260"):
+        spec.with_vocab(260)
