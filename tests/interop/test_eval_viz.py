@@ -96,7 +96,8 @@ def test_eval_and_viz_log_back_to_the_run(tmp_path: Path, train_cli, shared_data
         return subprocess.run([sys.executable, "-m", mod, *args], capture_output=True, text=True,
                               timeout=600)
 
-    r = cli("scalelab.cli.eval", run_id, "--tracking-uri", uri, "--tokens", "2048")
+    r = cli("scalelab.cli.eval", run_id, "--tracking-uri", uri, "--tokens", "2048",
+            "--block-size", "32")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2,048 tokens" in r.stdout
     r = cli("scalelab.cli.eval", run_id, "--tracking-uri", uri, "--tokens", "1024",
