@@ -28,6 +28,45 @@ def _run_label(source: str, meta: dict[str, Any], run_id: str | None) -> str:
             + (f", step {step}" if step is not None else ""))
 
 
+def _attention(args: argparse.Namespace, model: Any, meta: dict[str, Any], run_id: str | None,
+               out: Path) -> None:
+    if model is None:
+        raise ValueError("attention needs a SOURCE checkpoint")
+    from scalelab.cli.checkpoints import tokenizer_from_spec
+    from scalelab.viz.attention_maps import attention_weights, plot_attention_grid
+
+    if not meta.get("tokenizer"):
+        raise ValueError("no tokenizer recorded with this model; use its scalelab checkpoint")
+    tok = tokenizer_from_spec(meta["tokenizer"])
+    ids = tok.encode(args.prompt)[: model.cfg.max_seq_len]
+    if not ids:
+        raise ValueError("--prompt encodes to no tokens")
+    w = attention_weights(model, torch.tensor([ids]))
+    plot_attention_grid(w, [tok.decode([i]) for i in ids], out, scale=args.scale,
+                        title=f"attention for {args.prompt[:60]!r}\n"
+                              f"{_run_label(args.source, meta, run_id)}")
+
+
+def _positions(args: argparse.Namespace, model: Any, meta: dict[str, Any], run_id: str | None,
+               out: Path) -> None:
+    """The analytic panels, plus (with a model) the run's own geometry."""
+    from scalelab.viz.positions import plot_positions
+
+    kw: dict[str, Any] = {}
+    if model is not None:
+        n_pos = min(64, model.cfg.max_seq_len)
+        kw = {"d_model": model.cfg.d_model, "head_dim": model.cfg.head_dim,
+              "rope_base": model.cfg.rope_base, "n_pos": n_pos,
+              "title": f"positions: {_run_label(args.source, meta, run_id)}"}
+        if model.cfg.position == "learned":
+            kw["learned"] = model.pos.table.weight.detach()
+        elif model.cfg.arch != "encoder_decoder":
+            from scalelab.viz.attention_maps import first_layer_position_scores
+
+            kw["run_scores"] = first_layer_position_scores(model, n_pos)
+    plot_positions(out, **kw)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scalelab-viz", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,37 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         model, meta, run_id = (load_model(args.source, args.tracking_uri) if args.source
                                else (None, {}, None))
         if args.what == "attention":
-            if model is None:
-                raise ValueError("attention needs a SOURCE checkpoint")
-            from scalelab.cli.checkpoints import tokenizer_from_spec
-            from scalelab.viz.attention_maps import attention_weights, plot_attention_grid
-
-            if not meta.get("tokenizer"):
-                raise ValueError("no tokenizer recorded with this model; use its scalelab checkpoint")
-            tok = tokenizer_from_spec(meta["tokenizer"])
-            ids = tok.encode(args.prompt)[: model.cfg.max_seq_len]
-            if not ids:
-                raise ValueError("--prompt encodes to no tokens")
-            w = attention_weights(model, torch.tensor([ids]))
-            plot_attention_grid(w, [tok.decode([i]) for i in ids], out, scale=args.scale,
-                                title=f"attention for {args.prompt[:60]!r}\n"
-                                      f"{_run_label(args.source, meta, run_id)}")
+            _attention(args, model, meta, run_id, out)
         else:
-            from scalelab.viz.positions import plot_positions
-
-            kw: dict[str, Any] = {}
-            if model is not None:
-                n_pos = min(64, model.cfg.max_seq_len)
-                kw = {"d_model": model.cfg.d_model, "head_dim": model.cfg.head_dim,
-                      "rope_base": model.cfg.rope_base, "n_pos": n_pos,
-                      "title": f"positions: {_run_label(args.source, meta, run_id)}"}
-                if model.cfg.position == "learned":
-                    kw["learned"] = model.pos.table.weight.detach()
-                elif model.cfg.arch != "encoder_decoder":
-                    from scalelab.viz.attention_maps import first_layer_position_scores
-
-                    kw["run_scores"] = first_layer_position_scores(model, n_pos)
-            plot_positions(out, **kw)
+            _positions(args, model, meta, run_id, out)
     except (FileNotFoundError, ValueError, NoEquivalentError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
