@@ -62,7 +62,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for python in args.python:
         out = tmp / "out.pt"
-        subprocess.run([python, str(SCRIPT), str(tmp / "req.json"), str(out)], check=True,
+        subprocess.run([os.path.abspath(python), str(SCRIPT), str(tmp / "req.json"), str(out)], check=True,
                        env=env, cwd=tmp)
         got = torch.load(out, weights_only=False)
         for key, (name, cls, tok, logits) in ours.items():
