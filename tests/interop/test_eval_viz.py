@@ -96,13 +96,21 @@ def test_eval_and_viz_log_back_to_the_run(tmp_path: Path, train_cli, shared_data
         return subprocess.run([sys.executable, "-m", mod, *args], capture_output=True, text=True,
                               timeout=600)
 
-    r = cli("scalelab.cli.eval", run_id, "--tracking-uri", uri, "--tokens", "2048")
+    r = cli("scalelab.cli.eval", run_id, "--tracking-uri", uri, "--tokens", "2048",
+            "--block-size", "32")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2,048 tokens" in r.stdout
+    r = cli("scalelab.cli.eval", run_id, "--tracking-uri", uri, "--tokens", "1024",
+            "--block-size", "16")
+    assert r.returncode == 0, r.stderr[-3000:]
     metrics = client.get_run(run_id).data.metrics
-    loss = metrics["eval/shakespeare/val/loss"]
-    assert 0 < loss < math.log(70) + 1 and metrics["eval/shakespeare/val/loss_se"] > 0
-    assert metrics["eval/shakespeare/val/bits_per_byte"] > 0
+    key = "eval/shakespeare/val/tok2048_ctx32"  # the settings are part of the key
+    loss = metrics[f"{key}/loss"]
+    assert 0 < loss < math.log(70) + 1 and metrics[f"{key}/loss_se"] > 0
+    assert metrics[f"{key}/bits_per_byte"] > 0
+    other = "eval/shakespeare/val/tok1024_ctx16"  # a second eval with other settings: kept apart
+    assert metrics[f"{other}/n_tokens"] == 1024 and metrics[f"{key}/n_tokens"] == 2048
+    assert [m.step for m in client.get_metric_history(run_id, f"{key}/loss")] == [4]
 
     r = cli("scalelab.cli.viz", "attention", run_id, "--tracking-uri", uri, "--prompt", "ROMEO:",
             "--out", str(tmp_path / "attn.png"))
@@ -122,3 +130,28 @@ def test_ratio_estimator_reduces_to_the_plain_mean_for_equal_rows() -> None:
     assert se == pytest.approx(float((sums / 2).std() / 2))  # std of row means / sqrt(4)
     mean, _ = _ratio(torch.tensor([1.0, 9.0]), torch.tensor([1.0, 3.0]))
     assert mean == pytest.approx(10 / 4)  # token-weighted, not (1 + 3) / 2
+
+
+def test_a_rope_runs_position_picture_shows_its_own_geometry(tmp_path: Path) -> None:
+    """The first layer's q.k with one token at every position depends on p - q only (RoPE), and
+    on the weights: two models give two pictures, unlike the run-less analytic panel."""
+    from scalelab.viz.attention_maps import first_layer_position_scores, plot_attention_grid
+
+    pictures, scores = [], []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        cfg = ModelConfig(vocab_size=40, d_model=32, n_layers=1, n_heads=4, max_seq_len=24,
+                          position="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+        s = first_layer_position_scores(Transformer(cfg).eval(), 24, token=3)
+        for k in range(-5, 6):
+            diag = torch.diagonal(s, k)
+            assert float(diag.max() - diag.min()) < 1e-4, k
+        scores.append(s)
+        pictures.append(plot_positions(tmp_path / f"pos{seed}.png", n_pos=24, d_model=32,
+                                       head_dim=8, run_scores=s, title=f"run {seed}").read_bytes())
+    assert not torch.allclose(scores[0], scores[1]) and pictures[0] != pictures[1]
+    w = torch.rand(1, 2, 5, 5).softmax(-1) * 0.3  # a diffuse map: far below 1 everywhere
+    for scale in ("shared", "head"):
+        assert plot_attention_grid(w, list("abcde"), tmp_path / f"{scale}.png", "t", scale).is_file()
+    with pytest.raises(ValueError, match="--scale x"):
+        plot_attention_grid(w, list("abcde"), tmp_path / "x.png", scale="x")

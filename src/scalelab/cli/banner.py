@@ -49,6 +49,9 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"tokens planned: {tokens:,} ({spec.max_steps:,} steps x {spec.batch.tokens_per_step:,} "
         f"tokens, {tokens * fpt:.3g} FLOPs)",
         f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data.vocab_size:,}",
+        *([f"init from     : {spec.init_from} (its config.json sets the model's shape; "
+           f"block size {spec.block_size} of its {model_cfg.max_seq_len} positions)"]
+          if spec.init_from else []),
         f"threads       : {threads_line()}",
         f"precision     : {spec.trainer.precision}"
         + (f" (auto: {spec.precision_auto})" if spec.precision_auto else ""),

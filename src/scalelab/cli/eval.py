@@ -2,7 +2,7 @@
 on a fixed, stated number of held-out tokens, with standard errors.
 
     scalelab-eval outputs/<run>                      # the run's own corpus, val split
-    scalelab-eval <mlflow-run-id> --tokens 65536     # ... and log eval/<data>/... to that run
+    scalelab-eval <mlflow-run-id> --tokens 65536     # ... and log eval/<data>/<split>/<settings>/...
     scalelab-eval exported/hf_model --data pystdlib  # a --format hf folder (its source's tokenizer)
     scalelab-eval outputs/<run> --data shakespeare --split train
 SOURCE is a .ckpt, a run folder, a Hugging Face folder or an MLflow run id.
@@ -46,14 +46,16 @@ def load_model(source: str, tracking_uri: str | None = None) -> tuple[Any, dict[
         meta: dict[str, Any] = {}
         info = path / "scalelab.json"
         if info.is_file():  # exported by us: the source checkpoint knows the tokenizer and data
-            src = json.loads(info.read_text()).get("source_checkpoint")
+            written = json.loads(info.read_text())
+            src = written.get("source_checkpoint")
             if src and Path(src).is_file():
-                meta = run_meta(load(src))
+                meta = {**run_meta(load(src)), "_path": src}
+            meta["_step"] = written.get("global_step")
         return model, meta, run_id
     ckpt = load(path)
     model = Transformer(ModelConfig.from_dict(model_config_dict(ckpt)))
     model.load_state_dict(model_state_dict(ckpt))
-    meta = {**run_meta(ckpt), "_path": ckpt["_path"]}
+    meta = {**run_meta(ckpt), "_path": ckpt["_path"], "_step": ckpt.get("global_step")}
     return model.eval(), meta, run_id
 
 
@@ -124,18 +126,29 @@ def _seq2seq(args: argparse.Namespace, model: Any, meta: dict[str, Any]) -> int:
     print(f"{dataset} val: {res.n_windows:,} sequences ({res.n_tokens:,} target tokens)")
     print(f"  exact match {res.exact_match:.4f} ± {res.exact_match_se:.4f}   loss {res.loss:.4f} ± "
           f"{res.loss_se:.4f}   perplexity {res.perplexity:.3f} ± {res.perplexity_se:.3f}")
-    _log(args, meta, dataset, "val", res)
+    _log(args, meta, dataset, "val", res, f"seq{args.sequences}")
     return 0
 
 
-def _log(args: argparse.Namespace, meta: dict[str, Any], dataset: str, split: str, res: Any) -> None:
+def eval_prefix(dataset: str, split: str, settings: str) -> str:
+    """The metric key prefix of one evaluation: the settings that change its figures are part
+    of the key, so an eval with other settings never overwrites this one."""
+    return f"eval/{dataset}/{split}/{settings}"
+
+
+def _log(args: argparse.Namespace, meta: dict[str, Any], dataset: str, split: str, res: Any,
+         settings: str) -> None:
     target = args.run_id or meta.get("_run_id")
     if target:
         from scalelab.tracking.existing import log_to_run
 
-        metrics = {f"eval/{dataset}/{split}/{k}": v for k, v in res.metrics().items()}
-        log_to_run(target, args.tracking_uri, metrics)
-        print(f"logged {len(metrics)} metrics to MLflow run {target} under eval/{dataset}/")
+        prefix = eval_prefix(dataset, split, settings)
+        metrics = {f"{prefix}/{k}": v for k, v in res.metrics().items()}
+        # at the evaluated checkpoint's step: evaluating an earlier checkpoint adds a point
+        step = int(meta.get("_step") or 0)
+        log_to_run(target, args.tracking_uri, metrics, step=step)
+        print(f"logged {len(metrics)} metrics to MLflow run {target} under {prefix}/ "
+              f"at step {step}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=None, help="default: the model's max_seq_len")
     ap.add_argument("--data-dir", default=str(repo_root() / "data_cache"))
     ap.add_argument("--tracking-uri", default=None)
-    ap.add_argument("--run-id", default=None, help="log eval/<data>/... to this MLflow run")
+    ap.add_argument("--run-id", default=None,
+                    help="log eval/<data>/<split>/tok<N>_ctx<B>/... to this MLflow run")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
     from scalelab.interop.families import NoEquivalentError
@@ -191,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if res.masked_accuracy is not None:
         print(f"   masked acc {res.masked_accuracy:.4f} ± {res.masked_accuracy_se:.4f}", end="")
     print()
-    _log(args, meta, dataset, args.split, res)
+    _log(args, meta, dataset, args.split, res, f"tok{args.tokens}_ctx{block}")
     return 0
 
 

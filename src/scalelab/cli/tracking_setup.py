@@ -97,6 +97,7 @@ def run_params(cfg: DictConfig, spec: RunSpec, model_cfg: ModelConfig,
             "data_task": spec.data.task if spec.objective == "seq2seq" else None,
             "config_hash": config_hash(cfg),
             "torch_threads": torch.get_num_threads(),
+            "init_from": spec.init_from,  # model.init_from=hf:PATH, the weights it started from
         },
     )
 

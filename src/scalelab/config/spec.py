@@ -9,6 +9,7 @@ read and no MLflow run exists yet when this raises.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ from scalelab.model.variants import OBJECTIVE_OF_ARCH
 from scalelab.training.batch import BatchPlan, derive_batch, steps_from_budget
 from scalelab.training.config import OptimConfig
 from scalelab.training.schedules import build_lr_lambda
+
+log = logging.getLogger(__name__)
 
 OBJECTIVE_FOR_ARCH = OBJECTIVE_OF_ARCH  # model/variants.py's ARCHS table owns the pairing
 LOGGER_BACKENDS = ("mlflow", "none")
@@ -67,6 +70,13 @@ class RunSpec:
     def with_vocab(self, vocab_size: int) -> ModelConfig:
         """The real ModelConfig once the tokenizer's vocabulary is known."""
         configured = self.model_fields.get("vocab_size")
+        if self.init_from and configured is not None and configured < vocab_size:
+            raise ValueError(
+                f"model.init_from={self.init_from}: the model's vocabulary has {configured} ids "
+                f"but tokenizer={self.tokenizer.name} has {vocab_size}; train with the tokenizer "
+                "that model was trained with (for a scalelab export, the tokenizer its "
+                "scalelab.json names) or start from a model whose vocabulary is large enough"
+            )
         if configured is not None and configured < vocab_size:
             raise ValueError(
                 f"model.vocab_size={configured} is smaller than the tokenizer's vocabulary "
@@ -154,10 +164,16 @@ def _objective(configured: str | None, model: ModelConfig, data: DataConfig) -> 
     return objective
 
 
-def _block_size(train: TrainSection, objective: str, model: ModelConfig) -> int:
+def _block_size(train: TrainSection, objective: str, model: ModelConfig,
+                init_from: str | None) -> int:
     block = int(train.block_size)
     if block < 1:
         raise ValueError(f"train.block_size={block}: must be >= 1")
+    if init_from and objective != "seq2seq" and block > model.max_seq_len:
+        # the HF model's position limit decides; the preset's block size is not the user's wish
+        log.info("train.block_size=%d > the %d positions of model.init_from=%s: using %d",
+                 block, model.max_seq_len, init_from, model.max_seq_len)
+        return model.max_seq_len
     if objective != "seq2seq" and block > model.max_seq_len:
         raise ValueError(
             f"train.block_size={block} exceeds model.max_seq_len={model.max_seq_len}; lower "
@@ -207,7 +223,7 @@ def build_spec(cfg: DictConfig) -> RunSpec:
     train = _typed(TrainSection, top["train"])
     trainer = _typed(TrainerSchema, top["trainer"])
     logger = _typed(LoggerSchema, top["logger"])
-    block = _block_size(train, objective, model)
+    block = _block_size(train, objective, model, init_from)
     _check_run_keys(train, logger)
     world = world_size_of(trainer)
     batch = derive_batch(int(train.global_batch_size), train.micro_batch_size, world, block,

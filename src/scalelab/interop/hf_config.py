@@ -129,3 +129,13 @@ def hf_config_kwargs(cfg: ModelConfig, pad_id: int | None = None, eos_id: int | 
                   layer_norm_eps=cfg.norm_eps, tie_word_embeddings=tied,
                   pad_token_id=pad_id if pad_id is not None else 0)
     return family, kw
+
+
+def compat_fields(cfg: ModelConfig) -> dict[str, Any]:
+    """config.json entries that make transformers 4.x read the folder as 5.x does. 5.x writes
+    RoPE's base only inside ``rope_parameters``, which 4.x ignores (it would run with its default
+    theta of 10000), and names the weights' dtype ``dtype`` (4.x before 4.56: ``torch_dtype``)."""
+    out: dict[str, Any] = {"torch_dtype": "float32"}
+    if family_of(cfg) == "llama":
+        out["rope_theta"] = float(cfg.rope_base)
+    return out

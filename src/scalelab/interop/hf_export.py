@@ -15,7 +15,7 @@ import torch
 
 from scalelab.data.files import atomic_folder
 from scalelab.interop.families import HF_CLASS, family_of, to_hf
-from scalelab.interop.hf_config import hf_config_kwargs
+from scalelab.interop.hf_config import compat_fields, hf_config_kwargs
 from scalelab.model import ModelConfig, Transformer
 
 PARITY_TOL = 1e-4
@@ -88,6 +88,9 @@ def export_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor], out: str | Path,
     # written beside ``out`` and renamed into place whole (scalelab.data.files.atomic_folder)
     with atomic_folder(out) as tmp:
         hf_model.save_pretrained(str(tmp), safe_serialization=True)
+        written = json.loads((tmp / "config.json").read_text())
+        (tmp / "config.json").write_text(json.dumps({**written, **compat_fields(cfg)}, indent=2)
+                                         + "\n")
         tok_note = "none (no tokenizer recorded)"
         if tokenizer is not None and hasattr(tokenizer, "enc"):
             from scalelab.interop.hf_tokenizer import save_hf_tokenizer

@@ -5,17 +5,30 @@
   ``ignore_merges=True`` makes a word that is itself a token one token, as tiktoken does.
 - byte: the same byte-level model with 256 single-byte tokens and no merges.
 - char: a BPE model with one token per character and no merges (no byte-level mapping, since
-  a multi-byte character is ONE token in our char vocabulary).
-Special tokens keep their ids. The result is checked against our encode() on a probe text.
+  a multi-byte character is ONE token in our char vocabulary). A character outside the
+  vocabulary becomes BPE's unk token: U+FFFD's id when the vocabulary has a count floor (as our
+  encode() does), else a name missing from the vocabulary, which makes the tokenizer raise, as
+  our encode() does, instead of silently dropping the character.
+Special tokens keep their ids. Text that spells a special token is ordinary text on both sides
+(we only call encode_ordinary; ``split_special_tokens`` tells transformers the same).
+tokenizer_config.json names ``PreTrainedTokenizerFast``, a class transformers 4.x and 5.x both
+know. The written folder is loaded back with AutoTokenizer and compared with our encode() and
+decode() on probe texts that include unknown characters and special-token spellings.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from scalelab.data.tokenizers import BOS, EOT, MASK, PAD
+
+# BPE's unk token for a char vocabulary without a replacement: not in the vocabulary, so an
+# unknown character raises "Unk token `<|char-not-in-vocabulary|>` not found in the vocabulary"
+REFUSE_UNK = "<|char-not-in-vocabulary|>"
 
 
 @lru_cache(maxsize=1)
@@ -65,7 +78,8 @@ def build_hf_tokenizer(tok: Any) -> Any:
     if tok.name == "char":
         vocab = {b.decode("utf-8"): r for b, r in enc._mergeable_ranks.items()}
         vocab.update(specials)
-        hf = HFTokenizer(models.BPE(vocab=vocab, merges=[], ignore_merges=True))
+        unk = tok.replacement if tok.replacement is not None else REFUSE_UNK
+        hf = HFTokenizer(models.BPE(vocab=vocab, merges=[], ignore_merges=True, unk_token=unk))
         hf.decoder = decoders.Fuse()
     else:
         vocab = {_bytes_str(b): r for b, r in enc._mergeable_ranks.items()}
@@ -88,24 +102,84 @@ def build_hf_tokenizer(tok: Any) -> Any:
 
 PROBE = ("Hello, world! It's 2026 -- naïve café, 東京.\n\tdef f(x):\n        return x**2  # ok\n"
          "  spaces   and\r\nnewlines\n\n")
+# spelled-out special tokens: ordinary text on both sides
+SPECIAL_PROBE = "a <|endoftext|> b<|pad|><|mask|> <|bos|>c <|endoftext"
+# characters a small corpus rarely has: a char vocabulary maps them to U+FFFD or refuses them
+RARE_CHARS = "Łł\x00\x7f\u200b😀\ufffe\U0010fffd"
+
+
+def probe_texts(tok: Any) -> list[str]:
+    """Texts whose ids must agree: general text, special-token spellings, and, for char, text
+    with characters outside the vocabulary (which must map to U+FFFD or be refused)."""
+    texts = [PROBE, SPECIAL_PROBE, PROBE + SPECIAL_PROBE + RARE_CHARS]
+    if tok.name != "char":
+        return texts
+    known = [("".join(c for c in t if c in (tok.chars or "")), t) for t in texts]
+    unknown = next((c for c in RARE_CHARS if c not in (tok.chars or "")), None)
+    out = [k for k, _ in known] + [t for _, t in known]
+    if unknown is not None:
+        out.append(f"Łukasz{unknown}" + (tok.chars or "")[:40])
+    return out
+
+
+def _ours(tok: Any, text: str) -> tuple[list[int], str] | None:
+    """(ids, decoded) by our tokenizer, or None when it refuses the text."""
+    try:
+        ids = tok.encode(text)
+    except ValueError:
+        return None
+    return ids, tok.decode(ids)
+
+
+def _theirs(fast: Any, text: str) -> tuple[list[int], str] | None:
+    try:
+        ids = fast(text, add_special_tokens=False)["input_ids"]
+    except Exception:  # tokenizers raises a bare Exception for an unknown char
+        return None
+    return ids, fast.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def check_round_trip(tok: Any, fast: Any, texts: list[str] | None = None) -> None:
+    """ValueError naming the first text where ``fast`` (a transformers tokenizer) and ``tok``
+    differ in ids, in decoding, or in refusing the text."""
+    for text in probe_texts(tok) if texts is None else texts:
+        ours, theirs = _ours(tok, text), _theirs(fast, text)
+        if ours == theirs:
+            continue
+        if ours is None or theirs is None:
+            who = "ours refuses it, theirs does not" if ours is None else "theirs refuses it"
+            raise ValueError(f"tokenizer {tok.name!r}: the Hugging Face conversion differs on "
+                             f"{text[:40]!r}: {who}")
+        a, b = ours[0], theirs[0]
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                     min(len(a), len(b)))
+        if a == b:
+            raise ValueError(f"tokenizer {tok.name!r}: the Hugging Face conversion decodes "
+                             f"{text[:40]!r} differently ({ours[1][:40]!r} vs {theirs[1][:40]!r})")
+        raise ValueError(f"tokenizer {tok.name!r}: the Hugging Face conversion encodes "
+                         f"{text[:40]!r} differently from token {first} on (ours "
+                         f"{a[first:first + 5]}, theirs {b[first:first + 5]})")
 
 
 def save_hf_tokenizer(tok: Any, out: Any, model_max_length: int) -> None:
-    """Write tokenizer.json + tokenizer_config.json into ``out``; verify ids on a probe text."""
-    from transformers import PreTrainedTokenizerFast
+    """Write tokenizer.json + tokenizer_config.json into ``out``, then load them back with
+    AutoTokenizer and check encode and decode against ours on the probe texts."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    hf = build_hf_tokenizer(tok)
-    probe = PROBE
-    if tok.name == "char":  # the char vocabulary only knows its corpus's characters
-        probe = "".join(c for c in PROBE if c in (tok.chars or ""))
-    ours, theirs = tok.encode(probe), hf.encode(probe).ids
-    if ours != theirs:
-        first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
-                     min(len(ours), len(theirs)))
-        raise ValueError(f"tokenizer {tok.name!r}: the Hugging Face conversion encodes differently "
-                         f"from token {first} on (ours {ours[first:first + 5]}, "
-                         f"theirs {theirs[first:first + 5]})")
-    fast = PreTrainedTokenizerFast(tokenizer_object=hf, eos_token=EOT, pad_token=PAD,
-                                   mask_token=MASK, bos_token=BOS, unk_token=None,
-                                   model_max_length=model_max_length, clean_up_tokenization_spaces=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=build_hf_tokenizer(tok), eos_token=EOT,
+                                   pad_token=PAD, mask_token=MASK, bos_token=BOS, unk_token=None,
+                                   model_max_length=model_max_length,
+                                   clean_up_tokenization_spaces=False, split_special_tokens=True)
     fast.save_pretrained(str(out))
+    path = Path(out) / "tokenizer_config.json"
+    written = json.loads(path.read_text())
+    written.update(tokenizer_config_fields())
+    path.write_text(json.dumps(written, indent=2, ensure_ascii=False) + "\n")
+    check_round_trip(tok, AutoTokenizer.from_pretrained(str(out)))
+
+
+def tokenizer_config_fields() -> dict[str, Any]:
+    """tokenizer_config.json entries both transformers 4.x and 5.x read the same way: 5.x
+    writes its own class name (TokenizersBackend), which 4.x does not have."""
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "split_special_tokens": True,
+            "clean_up_tokenization_spaces": False}

@@ -25,7 +25,11 @@ def cosine_similarity(table: torch.Tensor) -> torch.Tensor:
 
 
 def plot_positions(path: Path, n_pos: int = 64, d_model: int = 128, head_dim: int = 32,
-                   learned: torch.Tensor | None = None, rope_base: float = 10000.0) -> Path:
+                   learned: torch.Tensor | None = None, rope_base: float = 10000.0,
+                   run_scores: torch.Tensor | None = None, title: str = "") -> Path:
+    """The sinusoidal table and its similarity, RoPE's relative phase for ``head_dim`` and
+    ``rope_base``, and a run's own geometry: the cosine similarity of its ``learned`` table or
+    ``run_scores`` (its first layer's q.k by position, viz.attention_maps)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,20 +39,25 @@ def plot_positions(path: Path, n_pos: int = 64, d_model: int = 128, head_dim: in
     panels = [
         ("sinusoidal table PE[p, i]", pe.T, "position p", "dimension i", "RdBu_r"),
         ("sinusoidal PE(p)·PE(q)", pe @ pe.T, "position q", "position p", "viridis"),
-        (f"RoPE <R_p x, R_q x> (head_dim {head_dim})",
+        (f"RoPE <R_p x, R_q x> (head_dim {head_dim}, base {rope_base:g})",
          rope_relative_scores(n_pos, head_dim, rope_base), "position q", "position p", "viridis"),
     ]
     if learned is not None:
         n = min(n_pos, learned.shape[0])
-        panels.append(("learned positions: cosine(P[p], P[q])", cosine_similarity(learned[:n]),
-                       "position q", "position p", "viridis"))
+        panels.append(("this run's learned positions: cosine(P[p], P[q])",
+                       cosine_similarity(learned[:n]), "position q", "position p", "viridis"))
+    if run_scores is not None:
+        panels.append(("this run's layer 0: q_p·k_q, one token\nrepeated (mean over heads)",
+                       run_scores.float(), "key position q", "query position p", "RdBu_r"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2))
-    for ax, (title, m, xl, yl, cmap) in zip(axes, panels, strict=True):
+    for ax, (name, m, xl, yl, cmap) in zip(axes, panels, strict=True):
         im = ax.imshow(m.numpy(), cmap=cmap, aspect="auto", origin="upper")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(name, fontsize=10)
         ax.set_xlabel(xl)
         ax.set_ylabel(yl)
         fig.colorbar(im, ax=ax, fraction=0.046)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
