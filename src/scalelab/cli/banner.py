@@ -29,7 +29,10 @@ def ui_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | No
 
 
 def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec: Any,
-                data: DataBundle, resumed_from: Path | None) -> list[str]:
+                data: DataBundle, resumed_from: Path | None,
+                lr_segments: list[tuple[int, int]] | None = None) -> list[str]:
+    from scalelab.cli.resume_compare import schedule_line
+
     n = model_cfg.n_params()
     fpt = model_cfg.flops_per_token(training=True, attention=True, seq_len=spec.block_size)
     tokens = spec.max_steps * spec.batch.tokens_per_step
@@ -52,6 +55,7 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"threads       : {threads_line()}",
         f"precision     : {spec.trainer.precision}"
         + (f" (auto: {spec.precision_auto})" if spec.precision_auto else ""),
+        f"lr schedule   : {schedule_line(spec, lr_segments or [(0, spec.max_steps)])}",
     ]
     from scalelab.training.devices import uses_gpu
 

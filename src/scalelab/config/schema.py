@@ -53,6 +53,8 @@ class TrainSection:
     # start a NEW run (new folder, new MLflow run) from this checkpoint: weights, optimizer,
     # data position and step counter carry over; the lr schedule is rebuilt from this config
     init_from: str | None = MISSING
+    # resume=true with more steps than the lr curve was planned for: continue | restart | replan
+    resume_schedule: str | None = MISSING
 
 
 @dataclass
