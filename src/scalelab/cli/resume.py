@@ -107,7 +107,9 @@ def check_same_config(point: ResumePoint, spec: RunSpec, out_dir: Path,
     from scalelab.training.checkpoint import read_meta
 
     assert point.ckpt is not None
-    point.lr_segments = check_same_run(out_dir, requested, spec, read_meta(point.ckpt))
+    meta = read_meta(point.ckpt)
+    point.lr_segments = check_same_run(out_dir, requested, spec, meta)
+    spec.run_name = str(meta.get("run_name") or spec.run_name)  # a run keeps its name
 
 
 def check_resume_point(point: ResumePoint, spec: RunSpec, out_dir: Path, *,

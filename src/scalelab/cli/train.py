@@ -138,11 +138,11 @@ def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool, t_sta
 
     from scalelab.cli.tracking_setup import start_tracker
 
-    tracker = start_tracker(run.spec, run.tracking_uri, run.point.run_id)
+    tracker = start_tracker(run.spec, run.tracking_uri, run.point.run_id, str(cfg.run_name))
     if rank0:
         from scalelab.cli.banner import print_start
 
-        print_start(getattr(tracker, "run_name", None) or run.spec.run_name, run.out_dir, tracker,
+        print_start(run.spec.run_name, run.out_dir, tracker,
                     run.model_cfg, run.spec, run.data, run.point.ckpt, run.lr_segments)
     try:
         if rank0:
@@ -161,10 +161,15 @@ def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool, t_sta
 
 
 def _built_spec(cfg: DictConfig, folder: RunFolder) -> RunSpec:
-    """Every config error that needs no torch, before any IO."""
+    """Every config error that needs no torch, before any IO. ``spec.run_name`` is the run's
+    one name (its folder's, its MLflow run's: cli/naming.py)."""
+    from scalelab.cli import naming
+
     RunFolder.check_usable(folder.out_dir)
     spec = build_spec(cfg)
     check_branch_keys(spec)
+    spec.run_name, name_tags = naming.resolve(spec)
+    spec.tags = {**name_tags, **spec.tags}
     return spec
 
 

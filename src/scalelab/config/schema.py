@@ -24,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from scalelab.config.run_dir import hydra_subdir, run_dir_resolver
+from scalelab.config.run_name import run_label_resolver
 from scalelab.data.config import DataConfig, TokenizerConfig
 from scalelab.model import ModelConfig
 from scalelab.paths import repo_root
@@ -183,6 +184,7 @@ def register() -> None:
     composing, as every entry point and config/compose.py do)."""
     resolvers = {"scalelab.root": lambda: str(repo_root()),
                  "scalelab.run_dir": run_dir_resolver,
+                 "scalelab.run_label": run_label_resolver,
                  "scalelab.hydra_subdir": hydra_subdir}
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):
