@@ -58,5 +58,5 @@ def derive_run_name(base: str, overrides: Iterable[str]) -> str:
 
 
 def run_label_resolver(base: str, overrides: Iterable[str] | None = None) -> str:
-    """``${scalelab.run_label:${run_name},${hydra:overrides.task}}`` in conf/hydra/default.yaml."""
+    """``${scalelab.run_label:${run_name},${hydra.overrides.task}}`` in conf/hydra/default.yaml."""
     return derive_run_name(str(base), [str(o) for o in overrides or []])
