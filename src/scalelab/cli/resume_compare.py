@@ -32,7 +32,7 @@ FREE = (
     "callbacks.checkpoint.every_n_steps", "callbacks.checkpoint.save_last",
     "callbacks.checkpoint.save_best", "trainer.enable_progress_bar", "trainer.log_every_n_steps",
     "trainer.enable_model_summary", "train.num_threads", "train.save_at_steps",
-    "train.resume_schedule",
+    "train.resume_schedule", "optuna_trial",
 )
 LENGTH = ("train.max_steps", "train.max_tokens", "trainer.max_steps")
 _ABSENT = "(absent)"

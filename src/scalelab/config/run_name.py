@@ -19,7 +19,7 @@ IGNORED_PREFIXES = (
     "hydra.", "hydra/", "paths.", "logger.", "logger=", "tags.", "+tags.", "resume=", "ckpt_path=",
     "run_name=", "experiment=", "+experiment=", "trainer.enable_progress_bar=",
     "callbacks.progress_bar.", "callbacks.sample.", "sweep_point=", "+sweep_point=",
-    "train.resume_schedule=", "hparams_search=", "+hparams_search=", "optuna.", "+optuna.",
+    "debug=", "+debug=", "train.resume_schedule=", "hparams_search=", "+hparams_search=", "optuna_trial=",
 )
 MAX_LEN = 100
 _UNSAFE = re.compile(r"[/\\\x00-\x1f]")  # what a folder name cannot hold

@@ -177,6 +177,7 @@ class TrainSchema:
     tags: dict[str, Any] = MISSING
     resume: bool = MISSING
     ckpt_path: str | None = MISSING
+    optuna_trial: int | None = MISSING  # set by `-m hparams_search=NAME`: this job's trial
 
 
 def register() -> None:
