@@ -54,7 +54,7 @@ data: $(STAMP) ## Prepare token shards for the default dataset (ARGS="data=shake
 train: $(STAMP) ## Train the default experiment on the embedded defaults (ARGS="key=value ...")
 	$(VENV)/bin/scalelab-train $(ARGS)
 
-ui: $(STAMP) ## Start the MLflow UI on 127.0.0.1 over the project store
+ui: $(STAMP) ## Start the MLflow UI on 127.0.0.1; prints one link, to the newest experiment's runs
 	$(PY) -m scalelab.tracking.ui $(ARGS)
 
 sweep-plan: $(STAMP) ## Print the scaling-sweep plan without running it
