@@ -72,8 +72,16 @@ bench: $(STAMP) ## Training bench: reference vs model vs platform in turns (ARGS
 gpu-check: $(STAMP) ## On a GPU machine: real 1-GPU FSDP train + checkpoint round trip (< 5 min)
 	$(PY) scripts/gpu_check.py $(ARGS)
 
-clean: ## Remove caches and outputs (keeps .venv and the MLflow store)
-	rm -rf .pytest_cache .ruff_cache outputs multirun
-	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+clean: ## Remove caches only (runs, checkpoints and the MLflow store stay; see clean-runs)
+	rm -rf .pytest_cache .ruff_cache build
+	find . -name __pycache__ -type d -prune -not -path "./$(VENV)/*" -exec rm -rf {} +
 
-.PHONY: help install test test-all lint format model-summary data train ui sweep-plan sweep fit bench gpu-check clean
+clean-runs: ## Delete outputs/ and multirun/ (run folders, checkpoints included) after listing them; YES=1 skips the question
+	@dirs=$$(for d in outputs multirun; do [ -d $$d ] && echo $$d; done); \
+	if [ -z "$$dirs" ]; then echo "no outputs/ or multirun/: nothing to delete"; exit 0; fi; \
+	du -sh $$dirs; \
+	echo "deletes these run folders and their checkpoints; keeps mlruns.db, mlartifacts/, sweeps/, optuna.db, data_cache/"; \
+	if [ "$(YES)" = 1 ]; then a=y; else read -r -p "delete them? [y/N] " a || a=n; fi; \
+	if [ "$$a" = y ]; then rm -rf outputs multirun && echo deleted; else echo "nothing deleted"; fi
+
+.PHONY: help install test test-all lint format model-summary data train ui sweep-plan sweep fit bench gpu-check clean clean-runs
