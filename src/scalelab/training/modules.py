@@ -206,6 +206,17 @@ class LMModule(pl.LightningModule):
         if self.sample_every_val and self.tokenizer is not None and self.arch == "decoder":
             prompt_ids(self.tokenizer, self.sample_prompt, self.model_cfg.vocab_size)
 
+    def on_train_start(self) -> None:
+        # After a resume the optimizer's lr is the one the checkpoint saved, computed by the
+        # run's earlier curve; a curve that changed at the join (train.resume_schedule=restart)
+        # must already set the first resumed step's lr. A no-op for a fresh or unchanged run.
+        for config in self.trainer.lr_scheduler_configs:
+            sched = config.scheduler
+            if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+                for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs,
+                                           sched.lr_lambdas, strict=True):
+                    group["lr"] = base * fn(sched.last_epoch)
+
     def setup(self, stage: str) -> None:
         self.world_size, self.fitting = int(self.trainer.world_size), stage == "fit"
 
