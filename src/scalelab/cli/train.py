@@ -55,7 +55,8 @@ __all__ = ["main", "normalize_overrides", "train"]
 
 def main() -> None:
     """Console entry point (`scalelab-train`); the console script does sys.exit(main())."""
-    sys.argv = [sys.argv[0], *normalize_overrides(sys.argv[1:])]
+    args = ["hydra.verbose=true" if a in ("-v", "--verbose") else a for a in sys.argv[1:]]
+    sys.argv = [sys.argv[0], *normalize_overrides(args)]
     sys.argv = hydra_ddp.torchrun_argv(sys.argv)  # scale-out: torchrun ranks > 0 use rank 0's folder
     _hydra_main()
 
