@@ -108,7 +108,8 @@ def check_same_config(point: ResumePoint, spec: RunSpec, out_dir: Path,
 
     assert point.ckpt is not None
     meta = read_meta(point.ckpt)
-    point.lr_segments = check_same_run(out_dir, requested, spec, meta)
+    how = "resume=true" if point.key == "resume" else f"{point.key}={point.ckpt}"
+    point.lr_segments = check_same_run(out_dir, requested, spec, meta, how)
     spec.run_name = str(meta.get("run_name") or spec.run_name)  # a run keeps its name
 
 

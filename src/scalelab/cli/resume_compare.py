@@ -78,9 +78,10 @@ def _stored_overrides(out_dir: Path) -> str:
 
 
 def check_same_run(out_dir: Path, requested: dict[str, Any], spec: RunSpec,
-                   ckpt_meta: dict[str, Any]) -> Segments:
+                   ckpt_meta: dict[str, Any], how: str = "resume=true") -> Segments:
     """Raise (one line) unless the command continues the run unchanged; return its lr curve
-    (``training.schedules`` segments) for the run's new length."""
+    (``training.schedules`` segments) for the run's new length. ``how``: the key that named
+    the checkpoint, for the message (``resume=true``, ``ckpt_path=<file>``)."""
     segments = [(int(a), int(b)) for a, b in ckpt_meta.get("lr_segments") or []]
     stored = stored_config(out_dir)
     if stored is not None:
@@ -89,7 +90,7 @@ def check_same_run(out_dir: Path, requested: dict[str, Any], spec: RunSpec,
         if changed:
             listed = "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, a, b in changed)
             raise ValueError(
-                f"resume=true would change the run in {out_dir}: {listed}. Repeat the run's "
+                f"{how} would change the run in {out_dir}: {listed}. Repeat the run's "
                 f"overrides ({_stored_overrides(out_dir)}) and change only its length "
                 "(train.max_steps/max_tokens with train.resume_schedule) or logging keys; or "
                 "start a new run (train.init_from=<checkpoint> to start from its weights)")
@@ -103,7 +104,7 @@ def check_same_run(out_dir: Path, requested: dict[str, Any], spec: RunSpec,
     mode = spec.train.resume_schedule
     if mode is None:
         raise ValueError(
-            f"resume=true: the run's lr curve was planned for {end} steps and this command has "
+            f"{how}: the run's lr curve was planned for {end} steps and this command has "
             f"{spec.max_steps}; say how to go on: train.resume_schedule=continue (keep the curve, "
             f"hold its final lr), restart (a new warmup and decay over the added steps) or replan "
             f"(stretch the curve to {spec.max_steps} steps)")
