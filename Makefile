@@ -54,7 +54,7 @@ data: $(STAMP) ## Prepare token shards for the default dataset (ARGS="data=shake
 train: $(STAMP) ## Train the default experiment on the embedded defaults (ARGS="key=value ...")
 	$(VENV)/bin/scalelab-train $(ARGS)
 
-ui: $(STAMP) ## Start the MLflow UI on 127.0.0.1 over the project store
+ui: $(STAMP) ## Start the MLflow UI on 127.0.0.1; prints one link, to the newest experiment's runs
 	$(PY) -m scalelab.tracking.ui $(ARGS)
 
 sweep-plan: $(STAMP) ## Print the scaling-sweep plan without running it
@@ -78,8 +78,16 @@ cluster-up: ## Start a single-node SLURM + an MLflow server on PostgreSQL (root;
 cluster-down: ## Stop what cluster-up started (ARGS=--purge also deletes its folder)
 	@bash scripts/cluster_down.sh $(ARGS)
 
-clean: ## Remove caches and outputs (keeps .venv and the MLflow store)
-	rm -rf .pytest_cache .ruff_cache outputs multirun
-	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+clean: ## Remove caches only (runs, checkpoints and the MLflow store stay; see clean-runs)
+	rm -rf .pytest_cache .ruff_cache build
+	find . -name __pycache__ -type d -prune -not -path "./$(VENV)/*" -exec rm -rf {} +
 
-.PHONY: help install test test-all lint format model-summary data train ui sweep-plan sweep fit bench gpu-check cluster-up cluster-down clean
+clean-runs: ## Delete outputs/ and multirun/ (run folders, checkpoints included) after listing them; YES=1 skips the question
+	@dirs=$$(for d in outputs multirun; do [ -d $$d ] && echo $$d; done); \
+	if [ -z "$$dirs" ]; then echo "no outputs/ or multirun/: nothing to delete"; exit 0; fi; \
+	du -sh $$dirs; \
+	echo "deletes these run folders and their checkpoints; keeps mlruns.db, mlartifacts/, sweeps/, optuna.db, data_cache/"; \
+	if [ "$(YES)" = 1 ]; then a=y; else read -r -p "delete them? [y/N] " a || a=n; fi; \
+	if [ "$$a" = y ]; then rm -rf outputs multirun && echo deleted; else echo "nothing deleted"; fi
+
+.PHONY: help install test test-all lint format model-summary data train ui sweep-plan sweep fit bench gpu-check cluster-up cluster-down clean clean-runs

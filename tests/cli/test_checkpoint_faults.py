@@ -75,7 +75,8 @@ def test_ckpt_path_at_another_runs_checkpoint_with_another_shape_touches_nothing
                       f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
                       *where, timeout=300)
     line = _one_line_error(r)
-    assert "d_model=32" in line and "d_model=64" in line and "ckpt_path=" in line, line
+    # the run's config is compared first: each differing key with both values
+    assert "model.d_model: 32 -> 64" in line and "ckpt_path=" in line, line
     assert _snapshot(run) == before  # .hydra/config.yaml, summary.json, checkpoints: untouched
     assert _mlflow(tmp_path) == runs_before  # still FINISHED, no new run
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*"))
@@ -101,7 +102,7 @@ def test_finished_run_is_reopened_only_by_resume_with_more_steps(
     assert "FINISHED at step 10" in _one_line_error(older)
     assert _snapshot(run) == truncated and _mlflow(tmp_path) == runs_before
     r = train_cli.run(*TINY, "train.max_steps=14", "resume=true", f"paths.output_dir={run}",
-                      *where, timeout=300)
+                      "train.resume_schedule=continue", *where, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout + r.stderr  # Hydra's logging goes to stdout
     assert "skipped" in out and "last.ckpt (truncated" in out, out[-3000:]

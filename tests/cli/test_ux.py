@@ -80,7 +80,10 @@ def test_run_names_carry_the_overrides_that_matter() -> None:
     assert run_name("e", ["model=llama_tiny", "+trainer.max_time=00:00:00:05"]) == \
         "e,model=llama_tiny,max_time=00:00:00:05"
     long = run_name("e", [f"model.k{i}={i}" for i in range(40)])
-    assert len(long) <= 100
+    assert len(long) <= 100 and ".." not in long
+    # a folder name too: a path value keeps its last part, no separator survives
+    assert run_name("e", ["data.path=/a/b/tiny.txt", "+x=[a/b]"]) == "e,path=tiny.txt,x=[a_b]"
+    assert run_name("e", ["optim.lr=1", "run_name=mine"]) == "e"  # an explicit name wins
 
 
 # --- end to end ----------------------------------------------------------------------------
@@ -130,7 +133,8 @@ def test_resuming_a_finished_run_logs_nothing_twice(tmp_path: Path, train_cli) -
     first = train_cli.run(*args, "train.max_steps=12", timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     # a finished run is reopened only to add steps; its final values are replaced
-    again = train_cli.run(*args, "train.max_steps=16", "resume=true", timeout=600)
+    again = train_cli.run(*args, "train.max_steps=16", "resume=true",
+                          "train.resume_schedule=continue", timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "dataloader is not resumable" not in again.stdout + again.stderr
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
@@ -157,7 +161,7 @@ finally:
 
 
 @pytest.mark.slow
-def test_multirun_jobs_are_numbered_under_a_parent(tmp_path: Path, train_cli) -> None:
+def test_multirun_jobs_carry_their_values_under_a_parent(tmp_path: Path, train_cli) -> None:
     from mlflow.tracking import MlflowClient
 
     r = subprocess.run([sys.executable, "-c", COUNTED, "-m", "model.n_layers=1,2", *TINY[1:],
@@ -174,7 +178,13 @@ def test_multirun_jobs_are_numbered_under_a_parent(tmp_path: Path, train_cli) ->
     parents = [x for x in runs if "mlflow.parentRunId" not in x.data.tags]
     kids = sorted((x for x in runs if "mlflow.parentRunId" in x.data.tags), key=lambda x: x.info.run_name)
     assert len(parents) == 1 and parents[0].info.run_name == "pystdlib_small (multirun)"
-    assert [k.info.run_name for k in kids] == ["pystdlib_small-0", "pystdlib_small-1"]
+    # one name per job: its MLflow run, its folder (<job number>_<name>), its summary.json
+    assert [k.info.run_name.split(",")[:2] for k in kids] == [["pystdlib_small", "n_layers=1"],
+                                                              ["pystdlib_small", "n_layers=2"]]
+    for num, kid in enumerate(kids):
+        folder = Path(kid.data.tags["scalelab.output_dir"])
+        assert folder.parent == tmp_path / "mr" and folder.name == f"{num}_{kid.info.run_name}"
+        assert json.loads((folder / "summary.json").read_text())["run_name"] == kid.info.run_name
     assert {k.data.tags["mlflow.parentRunId"] for k in kids} == {parents[0].info.run_id}
     assert "model.n_layers=2" in kids[1].data.tags["scalelab.overrides"]
     assert parents[0].info.status == "FINISHED"

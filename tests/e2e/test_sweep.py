@@ -128,7 +128,7 @@ def test_failing_points_do_not_stop_the_others(env):
                  "optim.weight_decay=-1.0,0.1", *FAST)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     assert "2 trained now" in res.stdout and "2 failed" in res.stdout
-    assert res.stdout.count("failed p0") == 2 and "weight_decay" in res.stdout
+    assert res.stdout.count("failed C1e10-N") == 2 and "weight_decay" in res.stdout
     _, kids = _children(e["MLFLOW_TRACKING_URI"], "tiny_fail")
     fin = [k for k in kids if k.info.status == "FINISHED"]
     assert len(fin) == 2 and {k.data.tags["sweep_variant"] for k in fin} == {"optim.weight_decay=0.1"}

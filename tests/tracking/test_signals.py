@@ -54,7 +54,8 @@ def test_sigterm_checkpoints_marks_killed_exits_143_and_resumes(tmp_path: Path, 
     line = next(ln for ln in out.splitlines() if ln.startswith("resume with: "))
     argv = shlex.split(line.removeprefix("resume with: "))
     assert argv[0] == "scalelab-train" and "resume=true" in argv
-    r = train_cli.run(*argv[1:], f"train.max_steps={step + 4}", timeout=600)
+    r = train_cli.run(*argv[1:], f"train.max_steps={step + 4}", "train.resume_schedule=continue",
+                      timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -90,7 +91,8 @@ def test_slurm_usr1_checkpoints_and_the_requeued_job_resumes(tmp_path: Path, sha
     assert step >= 3
 
     # what SLURM does after a requeue: the same command again, with SLURM_RESTART_COUNT=1
-    args = [a for a in args if not a.startswith("train.max_steps=")] + [f"train.max_steps={step + 3}"]
+    args = [a for a in args if not a.startswith("train.max_steps=")] + [
+        f"train.max_steps={step + 3}", "train.resume_schedule=continue"]  # shorter, so it ends
     r = train_cli.run(*args, env=dict(env, SLURM_RESTART_COUNT="1"), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     runs = client.search_runs([run.info.experiment_id])

@@ -74,3 +74,22 @@ def _port_busy(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_one_link_to_the_newest_experiment(tmp_path: Path, train_cli) -> None:
+    """`make ui` prints one link: the runs of the experiment with the newest run, classic view."""
+    from mlflow.tracking import MlflowClient
+
+    store = train_cli.store(tmp_path / "m.db")
+    client = MlflowClient(store)
+    for name in ("older", "newer"):
+        client.create_run(client.create_experiment(name, artifact_location=str(tmp_path / name)))
+        time.sleep(0.01)  # distinct start times (milliseconds), in this order
+    newer = client.get_experiment_by_name("newer").experiment_id
+    r = subprocess.run([sys.executable, "-m", "scalelab.tracking.ui", "--dry-run", "--store", store,
+                        "--port", "5123"], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+    assert r.returncode == 0, r.stderr
+    links = [w for w in r.stdout.split() if w.startswith("http://")]
+    assert links == [f"http://127.0.0.1:5123/#/experiments/{newer}?workflowType=machine_learning"]
+    assert "runs of newer, the newest experiment" in r.stdout and "older (#" in r.stdout

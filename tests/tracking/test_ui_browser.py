@@ -48,7 +48,7 @@ def _ui(tmp_path: Path, store: str, experiment: str) -> Iterator[str]:
         while link is None:
             line = proc.stdout.readline()
             assert line and time.time() < deadline, "make ui printed no experiment link"
-            m = re.search(rf"{experiment}\s+(http://\S+)", line)
+            m = re.search(rf"open (http://\S+)  \(runs of {experiment},", line)
             link = m.group(1) if m else None
         while True:
             with contextlib.suppress(OSError), \

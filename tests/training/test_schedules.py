@@ -66,8 +66,8 @@ def test_build_from_config_and_lambdalr_steps() -> None:
 def test_errors() -> None:
     with pytest.raises(ValueError, match="total_steps=0"):
         build_lr_lambda(OptimConfig(), 0)
-    with pytest.raises(ValueError, match="warmup_steps"):
-        build_lr_lambda(OptimConfig(warmup_steps=10), 10)
+    # a warmup as long as the run is capped (resolve_warmup), so short runs of any preset work
+    assert build_lr_lambda(OptimConfig(warmup_steps=10), 10)(0) == pytest.approx(1.0)
     # constant: a warmup longer than the run is allowed (nothing to end exactly)
     assert build_lr_lambda(OptimConfig(schedule="constant", warmup_steps=10), 5)(0) == 0.1
 
@@ -85,3 +85,22 @@ def test_wsd_branch_shares_the_main_runs_lr_history_up_to_its_start(shape: str) 
         assert start < total - round(f * total)  # still in the main run's stable phase
         assert [branch(s) for s in range(start)] == [main(s) for s in range(start)]
         assert branch(start) == 1.0 and branch(s_b - 1) == pytest.approx(0.1)
+
+
+def test_resumed_curves() -> None:
+    """A 60-step cosine run extended to 100 steps: continue holds the final lr, restart warms
+    up again over the 40 added steps, replan stretches the curve (never silently)."""
+    from scalelab.training.schedules import extended_segments, segmented_lr_lambda
+
+    cfg = OptimConfig(warmup_steps=5, min_lr_ratio=0.1)
+    old = build_lr_lambda(cfg, 60)
+    cont = segmented_lr_lambda(cfg, extended_segments([(0, 60)], 100, "continue"))
+    assert [cont(s) for s in (0, 30, 59)] == [old(s) for s in (0, 30, 59)]
+    assert cont(59) == cont(80) == pytest.approx(0.1)
+    restart = segmented_lr_lambda(cfg, extended_segments([(0, 60)], 100, "restart"))
+    assert restart(59) == pytest.approx(0.1) and restart(60) == pytest.approx(1 / 5)
+    assert restart(65) == pytest.approx(1.0) and restart(99) == pytest.approx(0.1)
+    replan = segmented_lr_lambda(cfg, extended_segments([(0, 60)], 100, "replan"))
+    assert replan(99) == pytest.approx(0.1) and replan(59) > 0.3
+    with pytest.raises(ValueError, match=r"train\.resume_schedule=None"):
+        extended_segments([(0, 60)], 100, None)

@@ -29,10 +29,14 @@ def ui_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | No
 
 
 def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec: Any,
-                data: DataBundle, resumed_from: Path | None) -> list[str]:
+                data: DataBundle, resumed_from: Path | None,
+                lr_segments: list[tuple[int, int]] | None = None) -> list[str]:
+    from scalelab.cli.resume_compare import schedule_line
+
     n = model_cfg.n_params()
     fpt = model_cfg.flops_per_token(training=True, attention=True, seq_len=spec.block_size)
-    tokens = spec.max_steps * spec.batch.tokens_per_step
+    steps = planned_steps(spec)
+    tokens = steps * spec.batch.tokens_per_step
     source = spec.data.name + (f" ({data.source})" if data.source else "")
     lines = [
         RULE,
@@ -46,7 +50,7 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
     lines += [
         f"model         : {model_cfg.arch}, {model_cfg.n_layers} layers, d={model_cfg.d_model}: "
         f"N={n:,} parameters, {fpt:,} FLOPs/token (training)",
-        f"tokens planned: {tokens:,} ({spec.max_steps:,} steps x {spec.batch.tokens_per_step:,} "
+        f"tokens planned: {tokens:,} ({steps:,} steps x {spec.batch.tokens_per_step:,} "
         f"tokens, {tokens * fpt:.3g} FLOPs)",
         f"data          : {source}, tokenizer {spec.tokenizer.name}, vocab {data.vocab_size:,}",
         *([f"init from     : {spec.init_from} (its config.json sets the model's shape; "
@@ -55,11 +59,20 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"threads       : {threads_line()}",
         f"precision     : {spec.trainer.precision}"
         + (f" (auto: {spec.precision_auto})" if spec.precision_auto else ""),
+        f"lr schedule   : {schedule_line(spec, lr_segments or [(0, spec.max_steps)])}",
     ]
     from scalelab.training.devices import uses_gpu
 
     hint = vocab_alignment_hint(model_cfg.vocab_size, uses_gpu(str(spec.trainer.accelerator)))
     return [*lines, *([f"hint          : {hint}"] if hint else []), RULE]
+
+
+def planned_steps(spec: Any) -> int:
+    """The optimizer steps that will run: Lightning's fast_dev_run (true = 1) caps the run."""
+    fast = spec.trainer.fast_dev_run
+    if fast is True or (isinstance(fast, int) and not isinstance(fast, bool) and fast > 0):
+        return min(spec.max_steps, 1 if fast is True else int(fast))
+    return spec.max_steps
 
 
 def vocab_alignment_hint(vocab_size: int, on_gpu: bool) -> str | None:

@@ -15,8 +15,10 @@ from scalelab.model import ModelConfig
 log = logging.getLogger("scalelab.train")
 
 
-def build_module(spec: RunSpec, model_cfg: ModelConfig, data: DataBundle) -> Any:
-    """The LightningModule for ``spec.objective`` wrapping ``Transformer(model_cfg)``."""
+def build_module(spec: RunSpec, model_cfg: ModelConfig, data: DataBundle,
+                 lr_segments: list[tuple[int, int]] | None = None) -> Any:
+    """The LightningModule for ``spec.objective`` wrapping ``Transformer(model_cfg)``; its lr
+    curve is ``lr_segments`` (a resumed run's) or one schedule over the run."""
     from scalelab.training import module_class
 
     sample = spec.callbacks.sample
@@ -35,6 +37,7 @@ def build_module(spec: RunSpec, model_cfg: ModelConfig, data: DataBundle) -> Any
         sample_tokens=int(sample.max_new_tokens),
         sample_temperature=float(sample.temperature),
         sample_top_k=sample.top_k,
+        lr_segments=lr_segments,
     )
     if spec.init_from:  # model.init_from=hf:PATH (shape already taken from its config.json)
         from scalelab.interop.hf_import import load_into

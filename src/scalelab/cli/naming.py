@@ -1,75 +1,43 @@
-"""Run names you can tell apart in the MLflow UI.
+"""The run's one name for this job (config/run_name.py makes it) and its multirun parent.
 
-- a single run: ``run_name`` (the experiment's name) plus the command-line overrides that change
-  the experiment, e.g. ``pystdlib_small,n_layers=6,lr=3e-4``; an explicit ``run_name=...`` wins;
-- a ``--multirun`` job: ``<name>-<job number>``, with the job's overrides in the
-  ``scalelab.overrides`` tag, under one parent run per multirun (tracking/multirun.py).
+- a single run: ``run_name`` plus the command-line overrides that change the experiment, e.g.
+  ``pystdlib_small,n_layers=6,lr=3e-4``; an explicit ``run_name=...`` wins;
+- a ``--multirun`` job: the same from the job's own overrides, so it carries its swept values
+  (``pystdlib_small,lr=1e-3``), under one parent run per multirun (tracking/multirun.py);
+- a scaling-sweep point: the point's name (its ``sweep_point`` config sets ``run_name``).
 
-Scaling sweeps name their points themselves (``sweep_point`` overrides set ``run_name``).
+The run folder gets the same name from the same function (conf/hydra/default.yaml).
 """
 
 from __future__ import annotations
 
+from scalelab.config.run_name import derive_run_name, is_explicit, meaningful_overrides
 from scalelab.config.spec import RunSpec
 
-# Overrides that say where or how a run is recorded, not what it trains.
-_IGNORED_PREFIXES = (
-    "hydra.", "hydra/", "paths.", "logger.", "logger=", "tags.", "+tags.", "resume=", "ckpt_path=",
-    "run_name=", "experiment=", "+experiment=", "trainer.enable_progress_bar=",
-    "callbacks.progress_bar.", "callbacks.sample.", "sweep_point=", "+sweep_point=",
-)
-MAX_LEN = 100
+run_name = derive_run_name  # the one function that names a run
 
-
-def _short(override: str) -> str:
-    """``model.n_layers=6`` -> ``n_layers=6``; ``+trainer.max_time=x`` -> ``max_time=x``."""
-    key, _, value = override.lstrip("+~").partition("=")
-    return f"{key.rsplit('.', 1)[-1]}={value}" if value else key.rsplit(".", 1)[-1]
-
-
-def meaningful_overrides(overrides: list[str]) -> list[str]:
-    return [o for o in overrides if not o.lstrip("~").startswith(_IGNORED_PREFIXES)
-            and not o.startswith(_IGNORED_PREFIXES)]
-
-
-def run_name(base: str, overrides: list[str]) -> str:
-    """``base`` plus the short form of the overrides that matter (≤ MAX_LEN characters)."""
-    parts = [_short(o) for o in meaningful_overrides(overrides)]
-    name = ",".join([base, *parts])
-    if len(name) > MAX_LEN:
-        import hashlib
-
-        digest = hashlib.sha1(name.encode()).hexdigest()[:6]
-        name = name[: MAX_LEN - 8] + ".." + digest
-    return name
+__all__ = ["in_multirun", "meaningful_overrides", "multirun_parent", "resolve", "run_name"]
 
 
 def resolve(spec: RunSpec) -> tuple[str, dict[str, str]]:
-    """The MLflow run name for this job and the tags that go with it.
+    """The run's name for this job and the tags that go with it.
 
-    Reads Hydra's runtime config when there is one (job overrides, multirun job number).
-    """
+    Reads Hydra's runtime config when there is one (the job's overrides)."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     base = str(spec.run_name)
     if not HydraConfig.initialized():
         return base, {}
-    hc = HydraConfig.get()
-    overrides = list(hc.overrides.task)
+    overrides = list(HydraConfig.get().overrides.task)
     tags: dict[str, str] = {}
-    explicit = any(o.lstrip("+").startswith("run_name=") for o in overrides)
-    if hc.mode == RunMode.MULTIRUN:
+    meaningful = meaningful_overrides(overrides)
+    if spec.logger.parent_run_id:  # a scaling-sweep point: its config named it
+        return base, {"scalelab.overrides": " ".join(overrides)}
+    if in_multirun():
         tags["scalelab.overrides"] = " ".join(overrides)
-        if spec.logger.parent_run_id:  # a scaling sweep's point: its name is already its own
-            return base, tags
-        return f"{base}-{hc.job.num}", tags
-    if explicit:
-        return base, tags
-    name = run_name(base, overrides)
-    if name != base:
-        tags["scalelab.overrides"] = " ".join(meaningful_overrides(overrides))
-    return name, tags
+    elif meaningful and not is_explicit(overrides):
+        tags["scalelab.overrides"] = " ".join(meaningful)
+    return derive_run_name(base, overrides), tags
 
 
 def in_multirun() -> bool:
@@ -80,7 +48,7 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def multirun_parent(spec: RunSpec, tracking_uri: str) -> str | None:
+def multirun_parent(spec: RunSpec, tracking_uri: str, base_name: str) -> str | None:
     """The parent run of this ``--multirun`` job (None for single runs and scaling sweeps)."""
     from pathlib import Path
 
@@ -92,4 +60,4 @@ def multirun_parent(spec: RunSpec, tracking_uri: str) -> str | None:
         return None
     hc = HydraConfig.get()
     return parent_run_id(tracking_uri, str(spec.logger.experiment_name), Path(hc.sweep.dir),
-                         f"{spec.run_name} (multirun)", spec.logger.artifact_root)
+                         f"{base_name} (multirun)", spec.logger.artifact_root)

@@ -26,6 +26,13 @@ class ResumePoint:
     run_id: str | None = None  # the MLflow run to reopen (None: a new MLflow run)
     key: str = ""  # the config key that named the checkpoint, for messages
     skipped: list[tuple[Path, str]] = field(default_factory=list)
+    # the lr curve (training.schedules segments); None: one schedule over the run's steps
+    lr_segments: list[tuple[int, int]] | None = None
+
+    def continues_run(self, out_dir: Path) -> bool:
+        """Whether this reopens the run in ``out_dir`` (not a new run from a checkpoint)."""
+        return self.ckpt is not None and self.key != "train.init_from" \
+            and self.ckpt.parent.parent == out_dir
 
 
 def _is_checkpoint(p: Path) -> bool:
@@ -88,6 +95,22 @@ def _summary(out_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return s if isinstance(s, dict) else {}
+
+
+def check_same_config(point: ResumePoint, spec: RunSpec, out_dir: Path,
+                      requested: dict[str, Any]) -> None:
+    """When ``point`` reopens the run in ``out_dir``: raise unless ``requested`` (the command's
+    unresolved config) continues it unchanged; set the run's lr curve (cli/resume_compare.py)."""
+    if not point.continues_run(out_dir):
+        return
+    from scalelab.cli.resume_compare import check_same_run
+    from scalelab.training.checkpoint import read_meta
+
+    assert point.ckpt is not None
+    meta = read_meta(point.ckpt)
+    how = "resume=true" if point.key == "resume" else f"{point.key}={point.ckpt}"
+    point.lr_segments = check_same_run(out_dir, requested, spec, meta, how)
+    spec.run_name = str(meta.get("run_name") or spec.run_name)  # a run keeps its name
 
 
 def check_resume_point(point: ResumePoint, spec: RunSpec, out_dir: Path, *,

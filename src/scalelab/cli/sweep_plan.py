@@ -31,7 +31,7 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
     for c in cols:
         t.add_column(c, justify="left" if c in ("run name", "variant") else "right")
     for i, p in enumerate(plan.points):
-        row = [p.label] + ([p.variant] if multi else []) + [
+        row = [p.name] + ([p.variant] if multi else []) + [
             f"{p.budget:.3g}", f"{p.n_params_matmul:,}", f"{p.n_params_non_embedding:,}",
             f"{p.n_params:,}", str(p.d_model), str(p.n_layers), str(p.n_heads), f"{p.tokens:,}",
             f"{p.tokens / p.n_params_matmul:.1f}", str(p.steps)] + (

@@ -16,16 +16,31 @@ class _DropNoise(logging.Filter):
     """Lightning start-up chatter that says nothing about this run."""
 
     NOISE = ("litlogger", "GPU available", "TPU available", "`weights_only` was not set",
-             "HPU available", "LOCAL_RANK:")
+             "HPU available", "LOCAL_RANK:",
+             # routine lines of every run (the banner says precision, steps, resume point)
+             "Automatic Mixed Precision", "`Trainer.fit` stopped", "was configured so",
+             "Restoring states from the checkpoint", "Restored all states from the checkpoint")
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
         return not any(n in msg for n in self.NOISE)
 
 
+def verbose() -> bool:
+    """`scalelab-train -v` (hydra.verbose=true): Lightning's routine lines stay on."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized() and bool(HydraConfig.get().verbose)
+
+
 def quiet_lightning() -> None:
     import warnings
 
+    if verbose():
+        return
+    # on every resume: the folder is the run's own; on any host with srun installed
+    warnings.filterwarnings("ignore", message=r".*Checkpoint directory .* exists and is not empty")
+    warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system")
     for name in ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
                  "pytorch_lightning.trainer.connectors.checkpoint_connector"):
         lg = logging.getLogger(name)

@@ -36,9 +36,11 @@ def probe_tracking(spec: RunSpec, uri: str | None) -> None:
     probe(uri, timeout=float(spec.logger.probe_timeout))
 
 
-def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None) -> Any:
-    """A tracker on a new or reopened MLflow run in the store ``uri`` (mlflow is imported
-    here); a NullTracker when nothing is tracked."""
+def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None,
+                  base_name: str) -> Any:
+    """A tracker on a new or reopened MLflow run named ``spec.run_name`` (the run's one name)
+    in the store ``uri`` (mlflow is imported here); a NullTracker when nothing is tracked.
+    ``base_name``: the experiment's run_name (a multirun's parent is named after it)."""
     from scalelab.tracking.null import NullTracker
 
     if uri is None:
@@ -55,13 +57,11 @@ def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None) -> 
         "scalelab.tokenizer": spec.tokenizer.name,
     })
     tags.update({str(k): str(v) for k, v in spec.tags.items()})
-    run_name, name_tags = naming.resolve(spec)  # experiment + overrides; <name>-<job> in a multirun
-    tags.update(name_tags)
-    multirun_parent = None if resume_run_id else naming.multirun_parent(spec, uri)
+    multirun_parent = None if resume_run_id else naming.multirun_parent(spec, uri, base_name)
     logger = spec.logger
     tracker = Tracker.start(
         tracking_uri=uri, experiment_name=str(logger.experiment_name),
-        run_name=run_name, tags=tags, artifact_root=logger.artifact_root,
+        run_name=spec.run_name, tags=tags, artifact_root=logger.artifact_root,
         parent_run_id=logger.parent_run_id or multirun_parent, resume_run_id=resume_run_id,
         probe_timeout=float(logger.probe_timeout), folder=Path(str(spec.paths.output_dir)),
         outage_wait_s=float(logger.outage_wait_s),

@@ -31,7 +31,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from scalelab.cli import hydra_ddp, trainer_args
-from scalelab.cli.resume import ResumePoint, check_branch_keys, check_resume_point, resume_point
+from scalelab.cli.resume import (
+    ResumePoint,
+    check_branch_keys,
+    check_resume_point,
+    check_same_config,
+    resume_point,
+)
 from scalelab.cli.run_folder import RunFolder
 from scalelab.config.compose import normalize_overrides
 from scalelab.config.schema import register
@@ -50,7 +56,8 @@ __all__ = ["main", "normalize_overrides", "train"]
 
 def main() -> None:
     """Console entry point (`scalelab-train`); the console script does sys.exit(main())."""
-    sys.argv = [sys.argv[0], *normalize_overrides(sys.argv[1:])]
+    args = ["hydra.verbose=true" if a in ("-v", "--verbose") else a for a in sys.argv[1:]]
+    sys.argv = [sys.argv[0], *normalize_overrides(args)]
     sys.argv = hydra_ddp.torchrun_argv(sys.argv)  # scale-out: torchrun ranks > 0 use rank 0's folder
     _hydra_main()
 
@@ -90,6 +97,10 @@ class CheckedRun:
     def out_dir(self) -> Path:
         return self.folder.out_dir
 
+    @property
+    def lr_segments(self) -> list[tuple[int, int]]:
+        return self.point.lr_segments or [(0, self.spec.max_steps)]
+
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run one training job from a composed config; returns the summary dict."""
@@ -97,6 +108,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     t_start = time.time()
     rank0 = is_global_zero()
+    requested = _as_requested(cfg)  # before any key is filled in: what resume compares
     folder = RunFolder(_output_dir(cfg))
     with contextlib.ExitStack() as held:
         with folder.abandoned_on_error(rank0):
@@ -108,27 +120,34 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
         STOP.install()  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary, checkpoint, KILLED
         try:
-            return _train(cfg, spec, folder, rank0, t_start, tracking_uri(spec, rank0))
+            return _train(cfg, spec, folder, rank0, t_start, tracking_uri(spec, rank0), requested)
         finally:
             STOP.uninstall()
 
 
+def _as_requested(cfg: DictConfig) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    return tree if isinstance(tree, dict) else {}
+
+
 def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool, t_start: float,
-           uri: str | None) -> dict[str, Any]:
+           uri: str | None, requested: dict[str, Any]) -> dict[str, Any]:
     with folder.abandoned_on_error(rank0):  # nothing is written before the inputs are checked
-        run = _check_run(cfg, spec, folder, rank0, uri)
+        run = _check_run(cfg, spec, folder, rank0, uri, requested)
     if rank0:
         folder.out_dir.mkdir(parents=True, exist_ok=True)
         folder.commit()
 
     from scalelab.cli.tracking_setup import start_tracker
 
-    tracker = start_tracker(run.spec, run.tracking_uri, run.point.run_id)
+    tracker = start_tracker(run.spec, run.tracking_uri, run.point.run_id, str(cfg.run_name))
     if rank0:
         from scalelab.cli.banner import print_start
 
-        print_start(getattr(tracker, "run_name", None) or run.spec.run_name, run.out_dir, tracker,
-                    run.model_cfg, run.spec, run.data, run.point.ckpt)
+        print_start(run.spec.run_name, run.out_dir, tracker,
+                    run.model_cfg, run.spec, run.data, run.point.ckpt, run.lr_segments)
     try:
         if rank0:
             folder.write_run_id(tracker.run_id)
@@ -151,10 +170,15 @@ def _train(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool, t_sta
 
 
 def _built_spec(cfg: DictConfig, folder: RunFolder) -> RunSpec:
-    """Every config error that needs no torch, before any IO."""
+    """Every config error that needs no torch, before any IO. ``spec.run_name`` is the run's
+    one name (its folder's, its MLflow run's: cli/naming.py)."""
+    from scalelab.cli import naming
+
     RunFolder.check_usable(folder.out_dir)
     spec = build_spec(cfg)
     check_branch_keys(spec)
+    spec.run_name, name_tags = naming.resolve(spec)
+    spec.tags = {**name_tags, **spec.tags}
     return spec
 
 
@@ -169,7 +193,7 @@ def _check_runtime_keys(cfg: DictConfig, spec: RunSpec) -> None:
 
 
 def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
-               uri: str | None) -> CheckedRun:
+               uri: str | None, requested: dict[str, Any]) -> CheckedRun:
     """Choose the checkpoint, probe MLflow and prepare the data: every input error surfaces
     here, before the run folder is committed or an MLflow run exists."""
     from scalelab.cli.torch_setup import setup_torch
@@ -182,6 +206,7 @@ def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
     if is_slurm_requeue() and not spec.ckpt_path and folder.last_checkpoint.exists():
         cfg.resume = spec.resume = True  # SLURM started this job again after a requeue: continue it
     point = resume_point(spec, out_dir)
+    check_same_config(point, spec, out_dir, requested)  # before the data: nothing to prepare
     probe_tracking(spec, uri)  # dead server: fail now, before the data
     setup_torch(spec)
     data = _prepare_data(spec, rank0)
@@ -232,7 +257,7 @@ def _tracked_run(run: CheckedRun, tracker: Any, t_start: float) -> dict[str, Any
         log_config(tracker, run.cfg)
         if spec.logger.system_metrics:
             tracker.start_system_metrics(float(spec.logger.system_metrics_interval))
-        module = build_module(spec, run.model_cfg, run.data)
+        module = build_module(spec, run.model_cfg, run.data, run.lr_segments)
         val_steps: list[int] = []
         trainer = build_trainer(run.cfg, spec, tracker, run.out_dir, _checkpoint_meta(run, tracker),
                                 val_steps)
@@ -273,6 +298,7 @@ def _checkpoint_meta(run: CheckedRun, tracker: Any) -> dict[str, Any]:
         "data": run.spec.data.name,
         "mlflow_run_id": tracker.run_id,
         "run_name": run.spec.run_name,
+        "lr_segments": [list(s) for s in run.lr_segments],
     }
 
 

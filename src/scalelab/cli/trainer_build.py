@@ -19,8 +19,24 @@ def build_trainer(cfg: DictConfig, spec: RunSpec, tracker: Any, out_dir: Path,
     import pytorch_lightning as pl
 
     callbacks = [*scalelab_callbacks(spec, out_dir, meta, val_steps),
-                 *trainer_args.user_callbacks(cfg)]
+                 *trainer_args.user_callbacks(cfg), *_pruning(cfg, tracker)]
     return pl.Trainer(**trainer_kwargs(cfg, spec, tracker, callbacks, out_dir))
+
+
+def _pruning(cfg: DictConfig, tracker: Any) -> list[Any]:
+    """An Optuna search's job (``optuna_trial``) in the search's own process: report the val
+    loss to its trial and stop when the pruner says so (training/pruning.py)."""
+    from scalelab.training.pruning import ACTIVE_TRIALS, PruneOnValLoss
+
+    trial = ACTIVE_TRIALS.get(cfg.get("optuna_trial")) if cfg.get("optuna_trial") is not None \
+        else None
+    if trial is None:
+        return []
+
+    def record(step: int, value: float) -> None:  # the run says truthfully why it ended early
+        tracker.set_tags({"optuna.pruned_at_step": step, "optuna.trial": trial.number})
+
+    return [PruneOnValLoss(trial, on_prune=record)]
 
 
 def scalelab_callbacks(spec: RunSpec, out_dir: Path, meta: dict[str, Any],

@@ -10,7 +10,7 @@ from scalelab.paths import conf_dir
 
 # Groups that train.yaml lists as `NAME: null`: Hydra rejects `+NAME=x` for them ("Multiple
 # values"), yet `+experiment=x` is the documented spelling, so both spellings are accepted.
-NULL_DEFAULT_GROUPS = ("experiment", "debug")
+NULL_DEFAULT_GROUPS = ("experiment", "debug", "hparams_search")
 
 
 def normalize_overrides(argv: list[str]) -> list[str]:

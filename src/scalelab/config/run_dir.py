@@ -30,13 +30,16 @@ def _truthy(value: Any) -> bool:
     return value is True or str(value).lower() in ("true", "1", "yes")
 
 
-def latest_run_dir(log_dir: Path, run_name: str) -> Path | None:
-    """The newest ``<log_dir>/<date>/<time>_<run_name>[_N]`` holding checkpoints/last.ckpt."""
+def latest_run_dir(log_dir: Path, run_name: str, *, exact: bool = False) -> Path | None:
+    """The newest ``<log_dir>/<date>/<time>_<run_name>[,<overrides>][_N]`` holding
+    checkpoints/last.ckpt (a run's name is its experiment's plus its overrides: config/run_name.py)."""
     found = []
     for ckpt in log_dir.glob("*/*/checkpoints/last.ckpt"):
         folder = ckpt.parent.parent
         stem = folder.name.split("_", 1)[-1] if "_" in folder.name else ""
-        if stem == run_name or (stem.rsplit("_", 1)[0] == run_name and stem.rsplit("_", 1)[-1].isdigit()):
+        if stem.rsplit("_", 1)[-1].isdigit() and stem.rsplit("_", 1)[0].startswith(run_name):
+            stem = stem.rsplit("_", 1)[0]  # two runs started in the same second
+        if stem == run_name or (not exact and stem.startswith(run_name + ",")):
             found.append((ckpt.stat().st_mtime, folder))
     return max(found)[1] if found else None
 
@@ -51,9 +54,10 @@ def _fresh_dir(log_dir: str, day: str, clock: str, run_name: str) -> Path:
 
 
 def resolve_run_dir(output_dir: Any, resume: Any, log_dir: str, run_name: str, day: str,
-                    clock: str, ckpt_path: Any = None) -> str:
-    """The run folder (see conf/hydra/default.yaml). Pure function of its arguments + disk."""
-    key = (output_dir, resume, log_dir, run_name, day, clock, ckpt_path)
+                    clock: str, ckpt_path: Any = None, label: Any = None) -> str:
+    """The run folder (see conf/hydra/default.yaml). Pure function of its arguments + disk.
+    A new folder is named ``<time>_<label>`` (the run's one name; ``run_name`` without one)."""
+    key = (output_dir, resume, log_dir, run_name, day, clock, ckpt_path, label)
     if key in _RUN_DIRS:
         return _RUN_DIRS[key]
     if output_dir:
@@ -61,7 +65,10 @@ def resolve_run_dir(output_dir: Any, resume: Any, log_dir: str, run_name: str, d
     elif ckpt_path and Path(str(ckpt_path)).parent.name == "checkpoints":
         out = Path(str(ckpt_path)).expanduser().resolve().parent.parent  # continue that run
     elif _truthy(resume):
-        latest = latest_run_dir(Path(log_dir), run_name)
+        # the run of this very name (same overrides), else the latest of the experiment (its
+        # config is then compared with the command's: cli/resume_compare.py)
+        latest = (latest_run_dir(Path(log_dir), str(label), exact=True) if label else None) \
+            or latest_run_dir(Path(log_dir), run_name)
         if latest is None:
             raise ValueError(
                 f"resume=true: no earlier run named {run_name!r} with checkpoints/last.ckpt under "
@@ -70,7 +77,7 @@ def resolve_run_dir(output_dir: Any, resume: Any, log_dir: str, run_name: str, d
             )
         out = latest
     else:
-        out = _fresh_dir(log_dir, day, clock, run_name)
+        out = _fresh_dir(log_dir, day, clock, str(label or run_name))
     _RUN_DIRS[key] = str(out)
     return str(out)
 
@@ -91,10 +98,10 @@ def _unwritable(folder: Path, key: str) -> str | None:
 
 
 def run_dir_resolver(output_dir: Any, resume: Any, log_dir: str, run_name: str, day: str,
-                     clock: str, ckpt_path: Any = None) -> str:
+                     clock: str, ckpt_path: Any = None, label: Any = None) -> str:
     """``resolve_run_dir`` for Hydra: errors are deferred to the task (see module doc)."""
     try:
-        out = resolve_run_dir(output_dir, resume, log_dir, run_name, day, clock, ckpt_path)
+        out = resolve_run_dir(output_dir, resume, log_dir, run_name, day, clock, ckpt_path, label)
         key = "paths.output_dir" if output_dir else "paths.log_dir"
         problem = _unwritable(Path(out), key)
     except (ValueError, OSError) as e:

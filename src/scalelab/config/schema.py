@@ -24,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from scalelab.config.run_dir import hydra_subdir, run_dir_resolver
+from scalelab.config.run_name import run_label_resolver
 from scalelab.data.config import DataConfig, TokenizerConfig
 from scalelab.model import ModelConfig
 from scalelab.paths import repo_root
@@ -53,6 +54,8 @@ class TrainSection:
     # start a NEW run (new folder, new MLflow run) from this checkpoint: weights, optimizer,
     # data position and step counter carry over; the lr schedule is rebuilt from this config
     init_from: str | None = MISSING
+    # resume=true with more steps than the lr curve was planned for: continue | restart | replan
+    resume_schedule: str | None = MISSING
 
 
 @dataclass
@@ -174,6 +177,7 @@ class TrainSchema:
     tags: dict[str, Any] = MISSING
     resume: bool = MISSING
     ckpt_path: str | None = MISSING
+    optuna_trial: int | None = MISSING  # set by `-m hparams_search=NAME`: this job's trial
 
 
 def register() -> None:
@@ -181,6 +185,7 @@ def register() -> None:
     composing, as every entry point and config/compose.py do)."""
     resolvers = {"scalelab.root": lambda: str(repo_root()),
                  "scalelab.run_dir": run_dir_resolver,
+                 "scalelab.run_label": run_label_resolver,
                  "scalelab.hydra_subdir": hydra_subdir}
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):

@@ -32,7 +32,7 @@ class HeldoutScorer:
             found = sorted(self.sweep_dir.glob(f"runs/*_{p.point_id[:8]}/checkpoints/last.ckpt"))
             ckpt = found[-1] if found else ckpt
         if not ckpt.is_file():
-            self.echo(f"  [yellow]{p.label}: no {ckpt}; its fits use final/val_loss[/yellow]")
+            self.echo(f"  [yellow]{p.name}: no {ckpt}; its fits use final/val_loss[/yellow]")
             return
         m = evaluate_checkpoint(ckpt, self.heldout)
         for k, v in m.items():
@@ -44,7 +44,7 @@ class HeldoutScorer:
         again = ""
         if had:  # scored before on another set (or before sets had fingerprints)
             again = " (scored again: the held-out set changed)"
-        self.echo(f"    held-out {p.label}: {m[HELDOUT_KEYS[0]]:.4f} ± {m[HELDOUT_KEYS[1]]:.4f} "
+        self.echo(f"    held-out {p.name}: {m[HELDOUT_KEYS[0]]:.4f} ± {m[HELDOUT_KEYS[1]]:.4f} "
                   f"({m[HELDOUT_KEYS[1]] / m[HELDOUT_KEYS[0]]:.2%}) on {m[HELDOUT_KEYS[2]]:,.0f} "
                   f"tokens{again}")
 

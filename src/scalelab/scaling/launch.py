@@ -189,7 +189,7 @@ class SweepRunner:
                 out.finished.append(p.name)
                 loss = final_values(c.tags, c.metrics).get("val_loss", float("nan"))
                 wall = (c.end_time - c.start_time) / 1000 if c.end_time else float("nan")
-                self.echo(f"  ✓ {p.label:<24} C={p.budget:.2g}  N={p.n_params_matmul:>10,}  "
+                self.echo(f"  ✓ {p.name:<24} C={p.budget:.2g}  N={p.n_params_matmul:>10,}  "
                           f"D={p.tokens:>12,}  val loss {loss:.4f}  {wall:5.0f} s  "
                           f"[{len(self._seen)}/{self._total}]")
                 if self.on_finished is not None:

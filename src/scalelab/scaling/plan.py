@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,13 +76,14 @@ class PlanPoint:
 
     @property
     def name(self) -> str:
-        """Folder and config name: unique and stable (the hash), never shown as a run name."""
-        prefix = "t" if self.stage == "tune" else "p"
-        return f"{prefix}{self.index:03d}_{self.point_id[:8]}"
+        """The point's one name: run folder, config, MLflow run, console and report, e.g.
+        C3e11-N21k_cb45145f (what tells points apart, then the stable hash of the point).
+        Only characters that a folder, a Hydra override and an MLflow name all take as they are."""
+        return re.sub(r"[^A-Za-z0-9._+-]", "_", self.label) + f"_{self.point_id[:8]}"
 
     @property
     def label(self) -> str:
-        """The MLflow run name: what tells points apart, e.g. C3e11-N21k, C3e11-N21k-s1."""
+        """What tells points apart, e.g. C3e11-N21k, C3e11-N21k-s1 (the start of ``name``)."""
         out = f"C{_short(self.budget)}-N{_short(self.n_params_matmul)}"
         if self.variant != "default":
             out += f"-{self.variant}"
@@ -109,7 +111,7 @@ class PlanPoint:
             "tokens_per_param": self.tokens / self.n_params_matmul, "C": self.compute,
             "steps": self.steps, "tokens_per_step": self.tokens_per_step, "lr": self.lr,
             "beta2": self.beta2, "warmup_steps": self.warmup_steps,
-            "replicate": self.replicate, "stage": self.stage, "run_name": self.label,
+            "replicate": self.replicate, "stage": self.stage, "run_name": self.name,
         } | ({"wsd_branch_of": self.branch_from, "start_step": self.start_step, "cost": self.cost}
              if self.schedule == "wsd" else {})
 

@@ -40,7 +40,7 @@ def point_overrides(p: PlanPoint, spec: SweepSpec, settings: RunSettings, base: 
     val_every = max(1, p.steps // settings.val_evals)
     d: dict[str, Any] = {f"model.{k}": v for k, v in p.model_overrides.items()}
     d |= {
-        "run_name": p.label,
+        "run_name": p.name,
         "train.max_steps": p.steps,
         "train.max_tokens": p.tokens,
         "train.val_every": val_every,

@@ -34,7 +34,8 @@ ML_VIEW = "workflowType=machine_learning"  # the UI's model-training mode (not G
 
 
 def _experiments(store: str) -> list[tuple[str, str]]:
-    """(id, name) of the active experiments holding runs in a local SQLite store ([] if none)."""
+    """(id, name) of the active experiments holding runs in a local SQLite store, the one with
+    the newest run first ([] if none)."""
     import sqlite3
 
     path = store.removeprefix("sqlite:///")
@@ -43,12 +44,17 @@ def _experiments(store: str) -> list[tuple[str, str]]:
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
             rows = db.execute(
-                "SELECT e.experiment_id, e.name FROM experiments e WHERE e.lifecycle_stage = "
-                "'active' AND EXISTS (SELECT 1 FROM runs r WHERE r.experiment_id = e.experiment_id)"
-                " ORDER BY e.experiment_id").fetchall()
+                "SELECT e.experiment_id, e.name, MAX(r.start_time) AS newest FROM experiments e "
+                "JOIN runs r ON r.experiment_id = e.experiment_id WHERE e.lifecycle_stage = "
+                "'active' GROUP BY e.experiment_id, e.name ORDER BY newest DESC").fetchall()
     except sqlite3.Error:
         return []
-    return [(str(i), str(n)) for i, n in rows]
+    return [(str(i), str(n)) for i, n, _ in rows]
+
+
+def experiment_url(base: str, experiment_id: str) -> str:
+    """The experiment's runs table in the model-training view (not MLflow's GenAI pages)."""
+    return f"{base}/#/experiments/{experiment_id}?{ML_VIEW}"
 
 
 def build_command(store: str, artifacts: Path, host: str, port: int, workers: int) -> list[str]:
@@ -83,15 +89,19 @@ def main(argv: list[str] | None = None) -> int:
     port = args.port if args.dry_run else _free_port(args.port)
     cmd = build_command(args.store, args.artifacts, args.host, port, args.workers)
     url = f"http://{args.host}:{port}"
-    print(f"MLflow UI for {args.store}\n  artifacts: {args.artifacts}\n  open {url}  (Ctrl-C stops it)")
+    print(f"MLflow UI for {args.store}\n  artifacts: {args.artifacts}")
     experiments = _experiments(args.store)
     if experiments:
-        # MLflow 3.17 opens an experiment in GenAI mode unless the URL (or a click on
-        # "Model training", which the browser remembers) says otherwise
-        print("  runs of each experiment (model-training view):")
-        width = max(len(name) for _, name in experiments)
-        for exp_id, name in experiments:
-            print(f"    {name:<{width}}  {url}/#/experiments/{exp_id}?{ML_VIEW}")
+        # one link, to the runs of the newest experiment: MLflow 3.17 opens on its GenAI
+        # landing page, and an experiment in GenAI mode, unless the URL says otherwise
+        exp_id, name = experiments[0]
+        print(f"  open {experiment_url(url, exp_id)}  (runs of {name}, the newest experiment; "
+              "Ctrl-C stops it)")
+        if len(experiments) > 1:
+            print("  other experiments: " + ", ".join(f"{n} (#{i})" for i, n in experiments[1:])
+                  + "  (the Experiments list, or the id in the link)")
+    else:
+        print(f"  open {url}  (Ctrl-C stops it)")
     if args.dry_run:
         print(" ".join(cmd))
         return 0

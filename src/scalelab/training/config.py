@@ -12,6 +12,8 @@ from scalelab.data.config import from_dict_checked
 
 SCHEDULES = ("cosine", "wsd", "constant")
 DECAY_SHAPES = ("linear", "cosine", "sqrt")
+# a warmup that would fill the whole run is cut to this fraction of it (short smoke runs)
+WARMUP_CAP = 0.1
 
 
 @dataclass
@@ -63,17 +65,28 @@ class OptimConfig:
             raise bad("decay_fraction", "must be in (0, 1]")
 
     def resolve_warmup(self, total_steps: int) -> int:
-        """Warmup length in optimizer steps for a run of ``total_steps`` steps."""
+        """Warmup length in optimizer steps for a run of ``total_steps`` steps.
+
+        A warmup as long as the run (``warmup_steps: 50`` in a 20-step smoke test) is capped at
+        ``WARMUP_CAP`` of the run, so every preset runs short; ``warmup_note`` says so.
+        """
         if self.warmup_steps is not None:
             warmup = self.warmup_steps
         else:
             warmup = round(self.warmup_fraction * total_steps)
         if warmup >= total_steps and total_steps > 0 and self.schedule != "constant":
-            raise ValueError(
-                f"optim.warmup_steps resolves to {warmup} but the run has only {total_steps} steps; "
-                "lower optim.warmup_steps/optim.warmup_fraction or train longer"
-            )
+            warmup = int(WARMUP_CAP * total_steps)
         return warmup
+
+    def warmup_note(self, total_steps: int) -> str | None:
+        """One line when ``resolve_warmup`` capped the configured warmup (None otherwise)."""
+        asked = self.warmup_steps if self.warmup_steps is not None \
+            else round(self.warmup_fraction * total_steps)
+        got = self.resolve_warmup(total_steps)
+        if got == asked:
+            return None
+        return (f"optim.warmup_steps resolves to {asked} but the run has {total_steps} steps: "
+                f"warmup capped at {got} ({WARMUP_CAP:.0%} of the run)")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

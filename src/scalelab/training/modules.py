@@ -38,7 +38,7 @@ from scalelab.training.metrics import (
 )
 from scalelab.training.optim import GroupSummary, build_optimizer
 from scalelab.training.sampling import prompt_ids, sample_text
-from scalelab.training.schedules import build_lr_lambda
+from scalelab.training.schedules import Segments, segmented_lr_lambda
 
 __all__ = ["IGNORE_INDEX", "OBJECTIVES", "CausalLM", "LMModule", "MaskedLM", "Seq2Seq",
            "bits_per_byte", "module_class", "total_grad_norm"]
@@ -96,12 +96,15 @@ class LMModule(pl.LightningModule):
         sample_tokens: int = 200,
         sample_temperature: float = 0.8,
         sample_top_k: int | None = 200,
+        lr_segments: Segments | None = None,
     ) -> None:
         super().__init__()
         mcfg, ocfg = _as_model_cfg(model_cfg), _as_optim_cfg(optim_cfg)
         self._check_args(mcfg, total_steps, bytes_per_token)
         self.model_cfg, self.optim_cfg = mcfg, ocfg
         self.total_steps = int(total_steps)
+        # the lr curve: one schedule over the run, or more after a resume that added steps
+        self.lr_segments = [(int(a), int(b)) for a, b in lr_segments or [(0, self.total_steps)]]
         self.bytes_per_token = None if bytes_per_token is None else float(bytes_per_token)
         self.use_compile = bool(compile)  # not `self.compile`: nn.Module.compile is a method
         self.tokenizer = tokenizer
@@ -146,6 +149,7 @@ class LMModule(pl.LightningModule):
             "model_cfg": self.model_cfg.to_dict(),
             "optim_cfg": asdict(self.optim_cfg),
             "total_steps": self.total_steps,
+            "lr_segments": [list(s) for s in self.lr_segments],
             "bytes_per_token": self.bytes_per_token,
             "compile": self.use_compile,
             "compile_blocks_once": compile_blocks_once,
@@ -201,6 +205,17 @@ class LMModule(pl.LightningModule):
         # A prompt the tokenizer cannot encode should fail now, not at the first validation.
         if self.sample_every_val and self.tokenizer is not None and self.arch == "decoder":
             prompt_ids(self.tokenizer, self.sample_prompt, self.model_cfg.vocab_size)
+
+    def on_train_start(self) -> None:
+        # After a resume the optimizer's lr is the one the checkpoint saved, computed by the
+        # run's earlier curve; a curve that changed at the join (train.resume_schedule=restart)
+        # must already set the first resumed step's lr. A no-op for a fresh or unchanged run.
+        for config in self.trainer.lr_scheduler_configs:
+            sched = config.scheduler
+            if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+                for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs,
+                                           sched.lr_lambdas, strict=True):
+                    group["lr"] = base * fn(sched.last_epoch)
 
     def setup(self, stage: str) -> None:
         self.world_size, self.fitting = int(self.trainer.world_size), stage == "fit"
@@ -281,7 +296,7 @@ class LMModule(pl.LightningModule):
             cfg = replace(cfg, fused=False)
         opt, self.group_summary = build_optimizer(
             self.model, cfg, hidden_lr_scale=1.0 / self.model.cfg.width_multiplier)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, build_lr_lambda(cfg, self.total_steps))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, segmented_lr_lambda(cfg, self.lr_segments))
         return {
             "optimizer": opt,
             "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1, "name": "lr"},

@@ -109,6 +109,53 @@ def build_lr_lambda(cfg: OptimConfig, total_steps: int) -> LrLambda:
     raise ValueError(f"optim.schedule={cfg.schedule!r}: choose cosine, wsd or constant")
 
 
+# --- a resumed run whose length changed --------------------------------------------------------
+# A run's lr curve is a list of segments (first step, length); each is a whole schedule of its own
+# and the last holds its final factor past its end. A fresh run has one: [(0, max_steps)].
+Segments = list[tuple[int, int]]
+RESUME_SCHEDULES = ("continue", "restart", "replan")
+
+
+def planned_end(segments: Segments) -> int:
+    """The step where the planned curve ends (the run length it was laid out for)."""
+    start, length = segments[-1]
+    return start + length
+
+
+def extended_segments(segments: Segments, total_steps: int, mode: str | None) -> Segments:
+    """The curve of a resumed run that now has ``total_steps`` steps.
+
+    ``continue`` keeps the curve (past its end, the final lr holds); ``restart`` adds a new
+    warmup + decay over the added steps; ``replan`` stretches the last segment to the new end.
+    """
+    end = planned_end(segments)
+    if total_steps == end:
+        return list(segments)
+    if mode == "continue":
+        return list(segments)
+    if mode == "restart" and total_steps > end:
+        return [*segments, (end, total_steps - end)]
+    if mode == "replan":
+        start = segments[-1][0]
+        return [*segments[:-1], (start, total_steps - start)]
+    raise ValueError(f"train.resume_schedule={mode!r}: choose one of {', '.join(RESUME_SCHEDULES)}"
+                     + (" (restart needs more steps than planned)" if mode == "restart" else ""))
+
+
+def segmented_lr_lambda(cfg: OptimConfig, segments: Segments) -> LrLambda:
+    """``build_lr_lambda`` per segment, each counted from its own first step."""
+    curves = [(start, build_lr_lambda(cfg, length)) for start, length in segments]
+
+    def f(step: int) -> float:
+        start, curve = curves[0]
+        for s, c in curves[1:]:
+            if step >= s:
+                start, curve = s, c
+        return curve(step - start)
+
+    return f
+
+
 def _check(total_steps: int, warmup_steps: int) -> None:
     if total_steps < 1:
         raise ValueError(f"total_steps={total_steps}: must be >= 1")

@@ -1,0 +1,209 @@
+"""`scalelab-train -m hparams_search=NAME`: an Optuna search as a Hydra sweeper.
+
+Optuna's public API only (create_study / ask / tell): the search space is Hydra's sweep syntax
+(``interval``, ``tag(log, interval(...))``, ``int(interval(...))``, ``range``, ``choice``) under
+``hydra.sweeper.params`` or on the command line. Each batch of ``n_jobs`` trials goes through
+the configured Hydra launcher (basic: one after another in this process, with pruning; joblib or
+submitit: in parallel). The study lives in an RDB storage (default ``<root>/optuna.db``), so a
+search started again with the same study name goes on where it stopped. Each trial is a job of
+the multirun, hence a child of its one MLflow parent run. The best trial is printed and saved as
+a ready-to-run command (``<sweep dir>/best_trial.yaml``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("scalelab.search")
+
+
+class OptunaSweeper(Sweeper):
+    def __init__(self, study_name: str, storage: str, direction: str = "minimize",
+                 n_trials: int = 20, n_jobs: int = 1, sampler: str = "tpe",
+                 seed: int | None = None, pruner: str = "median", pruner_startup_trials: int = 3,
+                 pruner_warmup_steps: int = 0, params: dict[str, str] | None = None) -> None:
+        self.study_name, self.storage, self.direction = study_name, storage, direction
+        self.n_trials, self.n_jobs = int(n_trials), max(1, int(n_jobs))
+        self.sampler, self.seed, self.pruner = sampler, seed, pruner
+        self.pruner_startup_trials, self.pruner_warmup_steps = pruner_startup_trials, pruner_warmup_steps
+        self.params = {str(k): str(v) for k, v in (params or {}).items()}
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
+              config: DictConfig) -> None:
+        self.config = config
+        self.config_loader = hydra_context.config_loader  # validate_batch_is_legal reads it
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config)
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        self.in_process = "BasicLauncher" in type(self.launcher).__name__
+
+    # --- the search ---------------------------------------------------------------------------
+    def sweep(self, arguments: list[str]) -> None:
+        import optuna
+
+        fixed, space = _split(arguments, self.params)
+        if not space:
+            raise ValueError("hparams_search: no search space; set hydra.sweeper.params "
+                             "(e.g. optim.lr: tag(log, interval(1e-4, 1e-2))) in the preset")
+        study = optuna.create_study(
+            study_name=self.study_name, storage=_storage(self.storage), direction=self.direction,
+            sampler=self._sampler(), pruner=self._pruner(), load_if_exists=True)
+        stale = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        for t in stale:  # an interrupted search: its unfinished trials failed
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        left = self.n_trials - len(study.trials)
+        print(f"[optuna] study {self.study_name!r} in {self.storage}: {len(study.trials)} "
+              f"trial(s) done, {max(left, 0)} to run, {self.n_jobs} at a time"
+              + ("" if self.in_process or self.pruner == "none"
+                 else "; pruning needs the basic launcher (trials here run to the end)"),
+              flush=True)
+        while left > 0:
+            batch = [study.ask() for _ in range(min(self.n_jobs, left))]
+            self._run(study, batch, fixed, space)
+            left -= len(batch)
+        self._report(study, fixed)
+
+    def _run(self, study: Any, batch: list[Any], fixed: list[str],
+             space: dict[str, Any]) -> None:
+        import optuna
+
+        from scalelab.training.pruning import ACTIVE_TRIALS, PRUNED
+
+        jobs = []
+        for trial in batch:
+            chosen = [f"{key}={_suggest(trial, key, dist)}" for key, dist in space.items()]
+            trial.set_user_attr("overrides", chosen)
+            # the chosen values first: the job's name (config/run_name.py) starts with them
+            jobs.append([*chosen, *fixed, f"optuna_trial={trial.number}"])
+            if self.in_process:
+                ACTIVE_TRIALS[trial.number] = trial
+        self.validate_batch_is_legal(jobs)
+        try:
+            returns = self.launcher.launch(jobs, initial_job_idx=batch[0].number)
+        finally:
+            for trial in batch:
+                ACTIVE_TRIALS.pop(trial.number, None)
+        for trial, ret in zip(batch, returns, strict=True):
+            try:
+                value = ret.return_value  # re-raises the job's error
+            except Exception as e:
+                print(f"[optuna] trial {trial.number} failed: {type(e).__name__}: {e}", flush=True)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            if trial.number in PRUNED:
+                PRUNED.discard(trial.number)
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                print(f"[optuna] trial {trial.number} pruned", flush=True)
+            elif value is None:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                study.tell(trial, float(value))
+                print(f"[optuna] trial {trial.number}: {float(value):.4f}  "
+                      f"{' '.join(trial.user_attrs['overrides'])}", flush=True)
+
+    def _report(self, study: Any, fixed: list[str]) -> None:
+        import optuna
+
+        states = [t.state for t in study.trials]
+        count = {s.name: states.count(s) for s in optuna.trial.TrialState if states.count(s)}
+        print(f"[optuna] {len(states)} trials: " + ", ".join(f"{n} {k}" for k, n in count.items()),
+              flush=True)
+        try:
+            best = study.best_trial
+        except ValueError:
+            print("[optuna] no trial completed: no best trial", flush=True)
+            return
+        args = [a for a in fixed if not a.startswith(("hparams_search=", "+hparams_search="))]
+        chosen = list(best.user_attrs.get("overrides", []))  # the values the run trained with
+        params = dict(o.split("=", 1) for o in chosen)
+        command = shlex.join(["scalelab-train", *args, *chosen])
+        out = self.sweep_dir / "best_trial.yaml"
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create({
+            "study": self.study_name, "storage": self.storage, "trial": best.number,
+            "value": best.value, "params": params, "command": command}), out)
+        print(f"[optuna] best trial {best.number}: {best.value:.4f}  {' '.join(chosen)}", flush=True)
+        print(f"[optuna] run it: {command}  (saved in {out})", flush=True)
+
+    def _sampler(self) -> Any:
+        import optuna
+
+        samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+        if self.sampler not in samplers:
+            raise ValueError(f"hydra.sweeper.sampler={self.sampler!r}: choose tpe or random")
+        return samplers[self.sampler](seed=self.seed)
+
+    def _pruner(self) -> Any:
+        import optuna
+
+        if self.pruner == "none":
+            return optuna.pruners.NopPruner()
+        if self.pruner == "median":
+            return optuna.pruners.MedianPruner(n_startup_trials=int(self.pruner_startup_trials),
+                                               n_warmup_steps=int(self.pruner_warmup_steps))
+        raise ValueError(f"hydra.sweeper.pruner={self.pruner!r}: choose median or none")
+
+
+# --- the search space ------------------------------------------------------------------------
+def _split(arguments: Sequence[str], params: dict[str, str]) -> tuple[list[str], dict[str, Any]]:
+    """Command-line arguments -> (fixed overrides, {key: Hydra sweep}); the command line wins
+    over the preset's ``params``."""
+    parser = OverridesParser.create()
+    space: dict[str, Any] = {}
+    for key, value in params.items():
+        space[key] = parser.parse_override(f"{key}={value}").value()
+    fixed: list[str] = []
+    for arg, override in zip(arguments, parser.parse_overrides(list(arguments)), strict=True):
+        if override.is_sweep_override():
+            space[override.get_key_element()] = override.value()
+        else:
+            fixed.append(arg)
+            space.pop(_plain_key(override), None)
+    return fixed, space
+
+
+def _plain_key(override: Override) -> str:
+    return override.get_key_element().lstrip("+~")
+
+
+def _suggest(trial: Any, key: str, sweep: Any) -> str:
+    """One value of ``sweep`` for ``trial``, as the override text the job gets."""
+    if isinstance(sweep, ChoiceSweep):
+        return str(trial.suggest_categorical(key, [str(v) for v in sweep.list]))
+    if isinstance(sweep, RangeSweep):
+        values = [str(v) for v in _range(sweep)]
+        return str(trial.suggest_categorical(key, values))
+    if isinstance(sweep, IntervalSweep):
+        log_scale = "log" in sweep.tags
+        lo, hi = sweep.start, sweep.end
+        if isinstance(lo, int) and isinstance(hi, int):
+            return str(trial.suggest_int(key, lo, hi, log=log_scale))
+        return f"{trial.suggest_float(key, float(lo), float(hi), log=log_scale):.4g}"
+    raise ValueError(f"hydra.sweeper.params.{key}: use interval(), tag(log, interval()), "
+                     "range() or a choice (a,b,c)")
+
+
+def _range(sweep: RangeSweep) -> list[Any]:
+    out, v = [], sweep.start
+    while (sweep.step > 0 and v < sweep.stop) or (sweep.step < 0 and v > sweep.stop):
+        out.append(v)
+        v += sweep.step
+    return out
+
+
+def _storage(url: str) -> str:
+    """A SQLite file's folder is made first (Optuna would fail on a missing one)."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return url

@@ -1,0 +1,86 @@
+"""`scalelab-train -m hparams_search=NAME`: an Optuna search through Hydra, killed and resumed."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import yaml
+
+from scalelab.training.pruning import PRUNED, PruneOnValLoss
+
+
+def test_the_pruner_stops_a_worse_run() -> None:
+    """A real Optuna trial behind the callback: reported values, a prune, the stop."""
+    study = optuna.create_study(pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+    good = study.ask()
+    good.report(1.0, 2)
+    study.tell(good, 1.0)
+    trial = study.ask()
+    cb = PruneOnValLoss(trial)
+    trainer = SimpleNamespace(callback_metrics={"val/loss": 3.0}, global_step=2,
+                              sanity_checking=False, should_stop=False)
+    cb.on_validation_end(trainer, None)
+    assert trainer.should_stop and cb.pruned_at == 2 and trial.number in PRUNED
+    PRUNED.discard(trial.number)
+
+
+def _search(tmp: Path, shared: Path, train_cli, n_trials: int) -> list[str]:
+    return [sys.executable, "-m", "scalelab.cli.train", "-m", "+experiment=shakespeare_char",
+            "hparams_search=shakespeare_char_optuna", f"hydra.sweeper.n_trials={n_trials}",
+            "hydra.sweeper.seed=0", f"data.path={shared / 'tinyshakespeare.txt'}",
+            "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "train.max_steps=4",
+            "train.val_every=2", "train.val_batches=1", "train.global_batch_size=4",
+            "callbacks.sample.enabled=false", "trainer.enable_progress_bar=false",
+            f"paths.data_dir={train_cli.data_dir()}",
+            f"logger.tracking_uri={train_cli.store(tmp / 'mlruns.db')}"]
+
+
+def _default_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def test_a_killed_search_resumes_under_one_parent(tmp_path: Path, shared_data_dir: Path,
+                                                  train_cli) -> None:
+    from mlflow.tracking import MlflowClient
+
+    env = train_cli.env(SCALELAB_ROOT=str(tmp_path))
+    folder = tmp_path / "multirun" / "search_shakespeare_char_optuna"
+    proc = subprocess.Popen(_search(tmp_path, shared_data_dir, train_cli, 3), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_default_signals)
+    try:  # SIGTERM once the second trial's run exists: the search stops there
+        deadline = time.time() + 400
+        while not list(folder.glob("1_*/.hydra")) and proc.poll() is None:
+            assert time.time() < deadline, "the second trial never started"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        first = proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode != 0, first[-3000:]
+    r = subprocess.run(_search(tmp_path, shared_data_dir, train_cli, 3), env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "trial(s) done" in r.stdout and "0 trial(s) done" not in r.stdout, r.stdout[-3000:]
+    study = optuna.load_study(study_name="shakespeare_char_optuna",
+                              storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert len(study.trials) == 3 and study.best_trial.state.name == "COMPLETE"
+    best = yaml.safe_load((folder / "best_trial.yaml").read_text())
+    assert best["trial"] == study.best_trial.number and best["command"].startswith("scalelab-train ")
+    assert "optim.lr=" in best["command"] and "hparams_search" not in best["command"]
+    # every trial is a child of the search's one MLflow parent run
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])
+    parents = {x.info.run_id for x in runs if "mlflow.parentRunId" not in x.data.tags}
+    kids = [x for x in runs if "mlflow.parentRunId" in x.data.tags]
+    assert len(parents) == 1 and {k.data.tags["mlflow.parentRunId"] for k in kids} == parents
+    assert sum(k.info.status == "FINISHED" for k in kids) >= 2
