@@ -117,7 +117,8 @@ def main() -> int:
                  f"{last} -> {sorted(p.name for p in last.iterdir()) if last.is_dir() else 'not a folder'}")
 
     # 3. resume: same MLflow run, continues to steps2
-    rc, dt = run([*base, f"train.max_steps={steps2}", "resume=true"], work / "resume.log", 240)
+    rc, dt = run([*base, f"train.max_steps={steps2}", "resume=true", "train.resume_schedule=continue"],
+                 work / "resume.log", 240)
     s2 = json.loads(summary.read_text()) if summary.is_file() else {}
     chk.step("resume from the sharded checkpoint" if fsdp else "resume from last.ckpt",
              rc == 0 and s2.get("metrics", {}).get("final/steps") == steps2
