@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from scalelab.config.spec import RunSpec
 from scalelab.data.bundle import DataBundle
 from scalelab.model import ModelConfig
+from scalelab.tracking.redact import redact
 
 
 def tracking_uri(spec: RunSpec, rank0: bool) -> str | None:
@@ -28,12 +29,15 @@ def tracking_uri(spec: RunSpec, rank0: bool) -> str | None:
 
 
 def probe_tracking(spec: RunSpec, uri: str | None) -> None:
-    """A dead tracking server fails here, before any data is prepared."""
+    """A dead tracking server, or a broken or read-only local store, fails here, before any
+    data is prepared."""
     if uri is None:
         return
     from scalelab.tracking.store import probe
+    from scalelab.tracking.store_check import check_sqlite_store
 
     probe(uri, timeout=float(spec.logger.probe_timeout))
+    check_sqlite_store(uri)
 
 
 def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None) -> Any:
@@ -113,8 +117,8 @@ def config_hash(cfg: DictConfig) -> str:
 
 def log_config(tracker: Any, cfg: DictConfig) -> None:
     """The composed config and the command's overrides, as run artifacts."""
-    tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/config.yaml")
+    tracker.log_text(redact(OmegaConf.to_yaml(cfg, resolve=True)), "config/config.yaml")
     overrides: list[str] = []
     if HydraConfig.initialized():
         overrides = list(HydraConfig.get().overrides.task)
-    tracker.log_text("\n".join(overrides) + "\n", "config/overrides.txt")
+    tracker.log_text(redact("\n".join(overrides)) + "\n", "config/overrides.txt")

@@ -35,6 +35,7 @@ from scalelab.cli.run_folder import RunFolder
 from scalelab.config.compose import normalize_overrides
 from scalelab.config.schema import register
 from scalelab.config.spec import RunSpec, build_spec
+from scalelab.config.user_conf import check_user_config_folders
 from scalelab.data.bundle import DataBundle
 from scalelab.model import ModelConfig
 from scalelab.tracking import is_global_zero
@@ -50,6 +51,11 @@ __all__ = ["main", "normalize_overrides", "train"]
 def main() -> None:
     """Console entry point (`scalelab-train`); the console script does sys.exit(main())."""
     sys.argv = [sys.argv[0], *normalize_overrides(sys.argv[1:])]
+    try:
+        check_user_config_folders(sys.argv[1:])  # a YAML error: one line, not Hydra's traceback
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     sys.argv = hydra_ddp.torchrun_argv(sys.argv)  # scale-out: torchrun ranks > 0 use rank 0's folder
     _hydra_main()
 

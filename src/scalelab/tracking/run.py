@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from scalelab.tracking.guard import StatusGuarded
 from scalelab.tracking.null import NullTracker
+from scalelab.tracking.redact import redact
 from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
     experiment_artifact_location,
@@ -125,7 +126,7 @@ class Tracker(StatusGuarded):
             except MlflowException as e:
                 raise RuntimeError(
                     f"resume: MLflow run {resume_run_id} (from the run folder's mlflow_run_id) is "
-                    f"not in {tracking_uri}: {e.message}. Resume against the store the run was "
+                    f"not in {redact(tracking_uri)}: {redact(e.message)}. Resume against the store the run was "
                     "created in (logger.tracking_uri=...), or delete mlflow_run_id to start a new run."
                 ) from None
             if folder is not None:  # what the previous attempt could not send goes first
@@ -239,7 +240,7 @@ def get_or_create_experiment(
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             raise RuntimeError(
-                f"logger.experiment_name={name!r} is a deleted MLflow experiment in {uri}; "
+                f"logger.experiment_name={name!r} is a deleted MLflow experiment in {redact(uri)}; "
                 "restore it in the UI or pick another name"
             )
         if EXPERIMENT_KIND_TAG not in exp.tags:  # stores created before the tag existed
