@@ -40,6 +40,26 @@ def probe_tracking(spec: RunSpec, uri: str | None) -> None:
     check_sqlite_store(uri)
 
 
+def record_refused_multirun_job(cfg: DictConfig) -> None:
+    """A ``--multirun`` job refused before it had an MLflow run still marks the multirun's
+    parent FAILED (best effort: a store that is itself the problem is left alone)."""
+    import contextlib
+
+    logger = cfg.get("logger") or {}
+    if logger.get("backend") != "mlflow" or logger.get("parent_run_id"):
+        return  # not tracked, or a scaling sweep's point (the sweep reports it)
+    from scalelab.tracking.multirun import record_refused_job
+    from scalelab.tracking.store import resolve_tracking_uri
+    from scalelab.tracking.store_check import check_sqlite_store
+
+    with contextlib.suppress(Exception):
+        uri = resolve_tracking_uri(logger.get("tracking_uri"), Path(str(cfg.paths.root)))
+        check_sqlite_store(uri)
+        record_refused_job(uri, str(logger.get("experiment_name")),
+                           Path(HydraConfig.get().sweep.dir), f"{cfg.run_name} (multirun)",
+                           logger.get("artifact_root"))
+
+
 def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None) -> Any:
     """A tracker on a new or reopened MLflow run in the store ``uri`` (mlflow is imported
     here); a NullTracker when nothing is tracked."""

@@ -72,10 +72,34 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        if is_global_zero():
+            from scalelab.cli.tracking_setup import record_refused_multirun_job
+
+            record_refused_multirun_job(cfg)
         raise
+    except (MemoryError, RuntimeError) as e:
+        # out of memory (host or GPU): the run is recorded FAILED; the user gets one line
+        if not _out_of_memory(e) or not HydraConfig.initialized() \
+                or HydraConfig.get().mode != RunMode.RUN:
+            raise
+        print(f"error: out of memory ({_first_line(e)}): the model or batch does not fit; lower "
+              "train.micro_batch_size (gradient accumulation keeps the batch), the model size or "
+              "train.block_size, or set train.activation_checkpointing=true", file=sys.stderr)
+        sys.exit(2)
     finally:
         hydra_ddp.end_job()  # scale-out: join this job's ranks, reset the env for the next job
     return summary.get("final_val_loss")
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """MemoryError, torch.OutOfMemoryError (GPU), or the CPU allocator's RuntimeError."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" \
+        or "can't allocate memory" in str(e) or "out of memory" in str(e).lower()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0][:160] if text else type(e).__name__)
 
 
 # --- the run ------------------------------------------------------------------------------

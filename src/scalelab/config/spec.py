@@ -234,12 +234,18 @@ def _hf_model_fields(init_from: str, configured: dict[str, Any]) -> dict[str, An
     """model.init_from=hf:PATH: the shape comes from the HF config.json; only the training-time
     knobs (dropout, init_std) are kept from the configured model."""
     from scalelab.interop.hf_config import model_config_from_hf
-    from scalelab.interop.hf_import import HF_PREFIX, read_hf_config, strip_prefix
+    from scalelab.interop.hf_import import (
+        HF_PREFIX,
+        check_safetensors,
+        read_hf_config,
+        strip_prefix,
+    )
 
     if not init_from.startswith(HF_PREFIX):
         raise ValueError(f"model.init_from={init_from}: use hf:PATH (a local Hugging Face folder)")
     try:
         _, hf_cfg = model_config_from_hf(read_hf_config(strip_prefix(init_from)))
+        check_safetensors(strip_prefix(init_from))  # a tampered header: refused before the run
     except (FileNotFoundError, ValueError) as e:
         raise ValueError(f"model.init_from={init_from}: {e}") from e
     keep = {k: configured[k] for k in ("dropout", "init_std") if k in configured}

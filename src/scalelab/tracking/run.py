@@ -213,9 +213,11 @@ class Tracker(StatusGuarded):
             with contextlib.suppress(Exception):
                 self._system_monitor.finish()
         RunStatus.from_string(status)  # validates the name
-        if self.multirun_parent_id:  # the multirun's parent shows its latest job's outcome
+        if self.multirun_parent_id:  # the multirun's parent shows its worst job's outcome
+            from scalelab.tracking.multirun import record_job_outcome
+
             with contextlib.suppress(Exception):
-                self.client.set_terminated(self.multirun_parent_id, status)
+                record_job_outcome(self.client, self.multirun_parent_id, status)
         # a KILLED run is usually on a grace period (docker 10 s, SLURM/k8s 30 s): wait less
         wait = self.outage_wait_s if status != "KILLED" else min(self.outage_wait_s, 10.0)
         try:
@@ -228,7 +230,7 @@ class Tracker(StatusGuarded):
         where = self.spool.path.parent if self.spool.path else "<run folder>"
         log.warning("could not record status %s of MLflow run %s in %s (%s); it and %d pending "
                     "call(s) are kept in %s: send them with `python -m scalelab.tracking.recover "
-                    "replay %s`", status, self.run_id, self.tracking_uri, why,
+                    "replay %s`", status, self.run_id, redact(self.tracking_uri), why,
                     len(self.spool.pending), self.spool.path or "memory only", where)
         return False
 
