@@ -82,3 +82,15 @@ def test_the_ui_warns_when_served_beyond_loopback(capsys: pytest.CaptureFixture[
     assert "no authentication" in capsys.readouterr().err
     assert ui_main(["--host", "127.0.0.1", "--dry-run"]) == 0
     assert "no authentication" not in capsys.readouterr().err
+
+
+def test_a_multirun_parent_keeps_its_worst_jobs_outcome(tmp_path: Path, train_cli) -> None:
+    from scalelab.tracking.parent_status import record_job_outcome
+    from scalelab.tracking.run import client_for
+
+    client = client_for(train_cli.store(tmp_path / "mlruns.db"))
+    parent = client.create_run(client.create_experiment("x")).info.run_id
+    for job_status, shown in [("FINISHED", "FINISHED"), ("FAILED", "FAILED"),
+                              ("FINISHED", "FAILED"), ("KILLED", "FAILED")]:
+        record_job_outcome(client, parent, job_status)  # jobs ending one after another
+        assert client.get_run(parent).info.status == shown

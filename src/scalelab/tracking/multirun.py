@@ -10,12 +10,9 @@ parent FAILED.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from scalelab.data.files import locked
 from scalelab.tracking.run import client_for, get_or_create_experiment
-
-_SEVERITY = {"FINISHED": 0, "KILLED": 1, "FAILED": 2}
 
 PARENT_FILE = "mlflow_parent_run_id"
 ROLE_TAG = "scalelab.multirun_role"
@@ -35,14 +32,6 @@ def parent_run_id(tracking_uri: str, experiment_name: str, sweep_dir: Path, name
             "mlflow.runName": name, ROLE_TAG: "parent", "scalelab.multirun_dir": str(sweep_dir)})
         id_file.write_text(run.info.run_id + "\n")
         return run.info.run_id
-
-
-def record_job_outcome(client: Any, parent_id: str, status: str) -> None:
-    """Close the parent with ``status`` unless an earlier job already ended it worse."""
-    current = client.get_run(parent_id).info.status
-    if _SEVERITY.get(current, -1) > _SEVERITY.get(status, 0):
-        status = current
-    client.set_terminated(parent_id, status)
 
 
 def record_refused_job(tracking_uri: str, experiment_name: str, sweep_dir: Path, name: str,

@@ -214,7 +214,7 @@ class Tracker(StatusGuarded):
                 self._system_monitor.finish()
         RunStatus.from_string(status)  # validates the name
         if self.multirun_parent_id:  # the multirun's parent shows its worst job's outcome
-            from scalelab.tracking.multirun import record_job_outcome
+            from scalelab.tracking.parent_status import record_job_outcome
 
             with contextlib.suppress(Exception):
                 record_job_outcome(self.client, self.multirun_parent_id, status)
