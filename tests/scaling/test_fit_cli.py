@@ -52,7 +52,7 @@ def test_fit_what_can_be_fitted(tmp_path):
     assert p.returncode == 0, p.stderr
     out = " ".join(p.stdout.split())
     assert "Approach 2 left out" in out and "Approach 2 needs >= 2 usable" in out
-    assert "Approach 1 skipped" in out and "end points" in out
+    assert "Approach 1 left out" in out and "end points" in out
     assert "approach3.alpha" in out
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scalelab.tracking.redact import redact
+
 if TYPE_CHECKING:
     from scalelab.data.bundle import DataBundle
 
@@ -45,8 +47,8 @@ def start_lines(run_name: str, out_dir: Path, tracker: Any, model_cfg: Any, spec
         f"run folder    : {out_dir}",
     ]
     if tracker.run_id:
-        lines.append(f"MLflow run    : {tracker.run_id}  ({tracker.tracking_uri})")
-        lines.append(f"MLflow UI     : {ui_url(tracker.tracking_uri, tracker.experiment_id, tracker.run_id)}")
+        lines.append(f"MLflow run    : {tracker.run_id}  ({redact(tracker.tracking_uri)})")
+        lines.append(f"MLflow UI     : {redact(ui_url(tracker.tracking_uri, tracker.experiment_id, tracker.run_id))}")
     lines += [
         f"model         : {model_cfg.arch}, {model_cfg.n_layers} layers, d={model_cfg.d_model}: "
         f"N={n:,} parameters, {fpt:,} FLOPs/token (training)",

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from scalelab.cli.arg_types import positive_int
 from scalelab.cli.checkpoints import load, model_config_dict, model_state_dict, run_meta
 from scalelab.data.tokenizers import CORPUS_TOKENIZERS
 from scalelab.paths import conf_dir, repo_root
@@ -159,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", default="val", choices=("val", "train"))
     ap.add_argument("--tokenizer", default=None,
                     help="our tokenizer for a model that records none (e.g. an HF import)")
-    ap.add_argument("--tokens", type=int, default=65_536, help="tokens to score (fixed, stated)")
-    ap.add_argument("--sequences", type=int, default=512, help="seq2seq: validation pairs to score")
-    ap.add_argument("--block-size", type=int, default=None, help="default: the model's max_seq_len")
+    ap.add_argument("--tokens", type=positive_int, default=65_536, help="tokens to score (fixed, stated)")
+    ap.add_argument("--sequences", type=positive_int, default=512, help="seq2seq: validation pairs to score")
+    ap.add_argument("--block-size", type=positive_int, default=None, help="default: the model's max_seq_len")
     ap.add_argument("--data-dir", default=str(repo_root() / "data_cache"))
     ap.add_argument("--tracking-uri", default=None)
     ap.add_argument("--run-id", default=None,

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight points by their measured noise (seed spread, held-out error) or not")
     p.add_argument("--no-extrapolate", action="store_true", help="skip the hold-out-largest-budget check")
     p.add_argument("--no-report", action="store_true", help="print the fit only; write no files")
+    p.add_argument("--keep-duplicates", action="store_true",
+                   help="count identical CSV rows as separate runs (default: merge them, with a warning)")
     return p
 
 
@@ -52,7 +54,7 @@ def _load(args) -> tuple[object, object, str]:
     from scalelab.scaling import load_runs_csv
 
     if args.csv is not None:
-        runs = load_runs_csv(args.csv)
+        runs = _merged_duplicates(load_runs_csv(args.csv), args.csv, args.keep_duplicates)
         curves = load_runs_csv(args.curves) if args.curves is not None else None
         return runs, curves, str(args.csv)
     try:
@@ -68,6 +70,17 @@ def _load(args) -> tuple[object, object, str]:
     runs, curves = fn(sweep=args.sweep, parent_run_id=args.parent_run_id, tracking_uri=args.tracking_uri,
                       n_convention=args.n_convention, flops_convention=args.flops_convention)
     return runs, curves, f"sweep {args.sweep or args.parent_run_id}"
+
+
+def _merged_duplicates(runs, path: Path, keep: bool):
+    """``runs`` with identical rows merged: a row pasted twice is one run, not two points
+    (which would narrow every interval). ``keep``: count them anyway, as asked."""
+    dup = int(runs.duplicated().sum())
+    if dup and not keep:
+        print(f"scalelab-fit: warning: {dup} duplicated row(s) in {path} merged (each counts once; "
+              "--keep-duplicates counts every copy)", file=sys.stderr)
+        return runs.drop_duplicates().reset_index(drop=True)
+    return runs
 
 
 def print_results(results) -> None:

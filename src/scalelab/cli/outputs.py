@@ -11,6 +11,7 @@ from typing import Any
 from scalelab.cli.final import record_final
 from scalelab.config.spec import RunSpec
 from scalelab.data.files import atomic_write_text
+from scalelab.tracking.redact import redact
 
 log = logging.getLogger("scalelab.train")
 
@@ -31,7 +32,7 @@ def run_summary(tracker: Any, spec: RunSpec, out_dir: Path, final: dict[str, Any
     return {
         "run_id": tracker.run_id,
         "experiment_id": tracker.experiment_id,
-        "tracking_uri": tracker.tracking_uri,
+        "tracking_uri": redact(tracker.tracking_uri) if tracker.tracking_uri else None,
         "experiment_name": str(spec.logger.experiment_name) if tracker.run_id else None,
         "run_name": spec.run_name,
         "output_dir": str(out_dir),

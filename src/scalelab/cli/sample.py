@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from scalelab.cli.arg_types import non_negative_int, positive_int, temperature
 from scalelab.cli.checkpoints import (
     load,
     model_config_dict,
@@ -27,10 +28,10 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", help="a .ckpt file or a run folder (uses checkpoints/last.ckpt)")
     ap.add_argument("--prompt", default="\n")
-    ap.add_argument("--num-samples", type=int, default=1)
-    ap.add_argument("--max-new-tokens", type=int, default=200)
-    ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--top-k", type=int, default=200)
+    ap.add_argument("--num-samples", type=positive_int, default=1)
+    ap.add_argument("--max-new-tokens", type=positive_int, default=200)
+    ap.add_argument("--temperature", type=temperature, default=0.8, help="0: greedy")
+    ap.add_argument("--top-k", type=non_negative_int, default=200, help="0: no top-k cut")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)

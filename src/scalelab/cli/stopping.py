@@ -15,6 +15,7 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 
+from scalelab.config.names import hydra_quoted
 from scalelab.config.spec import RunSpec
 from scalelab.training.signals import REQUEUE_SIGNAL, STOP, RunStopped, requeue_slurm_job
 
@@ -30,7 +31,9 @@ def resume_command(spec: RunSpec, out_dir: Path) -> str:
     if HydraConfig.initialized():
         overrides = list(HydraConfig.get().overrides.task)
     keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in _NOT_CARRIED]
-    return shlex.join(["scalelab-train", *keep, "resume=true", f"paths.output_dir={out_dir}"])
+    # the folder holds the run name, which may hold a comma, a quote or a space
+    return shlex.join(["scalelab-train", *keep, "resume=true",
+                       f"paths.output_dir={hydra_quoted(str(out_dir))}"])
 
 
 def on_stop(spec: RunSpec, out_dir: Path, tracker: Any, exc: BaseException,

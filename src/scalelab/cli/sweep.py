@@ -32,6 +32,7 @@ from scalelab.cli.sweep_estimate import (
 from scalelab.cli.sweep_fit import fit_and_report
 from scalelab.cli.sweep_plan import fmt_seconds, print_plan
 from scalelab.data.files import atomic_write_text, exclusive_folder
+from scalelab.tracking.redact import redact
 
 GROUPS_NOT_VARIANTS = "a variant axis must name a field (model.mlp=gelu,swiglu), not a config group"
 
@@ -144,9 +145,12 @@ def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
 
     heldout = _heldout_set(settings, base)  # a set that does not fit fails before any run
     experiment = settings.experiment_name or f"sweep_{settings.name}"
+    from scalelab.tracking.store_check import check_sqlite_store
+
+    check_sqlite_store(base.tracking_uri)  # a broken mlruns.db: one line, not a traceback
     parent = SweepParent.open(base.tracking_uri, experiment, settings.name, base.artifact_root)
     console.print(f"MLflow parent run {parent.run_id} ({'new' if parent.created else 'reopened'}) "
-                  f"in experiment {experiment!r}, store {base.tracking_uri}")
+                  f"in experiment {experiment!r}, store {redact(base.tracking_uri)}")
     console.print(f"sweep folder: {sweep_dir}")
     parent.log_params(_parent_params(plan, settings))
     # the set this invocation scores on: a point scored on another one is scored again, or (with

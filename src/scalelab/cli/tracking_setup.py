@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from scalelab.config.spec import RunSpec
 from scalelab.data.bundle import DataBundle
 from scalelab.model import ModelConfig
+from scalelab.tracking.redact import redact
 
 
 def tracking_uri(spec: RunSpec, rank0: bool) -> str | None:
@@ -28,12 +29,35 @@ def tracking_uri(spec: RunSpec, rank0: bool) -> str | None:
 
 
 def probe_tracking(spec: RunSpec, uri: str | None) -> None:
-    """A dead tracking server fails here, before any data is prepared."""
+    """A dead tracking server, or a broken or read-only local store, fails here, before any
+    data is prepared."""
     if uri is None:
         return
     from scalelab.tracking.store import probe
+    from scalelab.tracking.store_check import check_sqlite_store
 
     probe(uri, timeout=float(spec.logger.probe_timeout))
+    check_sqlite_store(uri)
+
+
+def record_refused_multirun_job(cfg: DictConfig) -> None:
+    """A ``--multirun`` job refused before it had an MLflow run still marks the multirun's
+    parent FAILED (best effort: a store that is itself the problem is left alone)."""
+    import contextlib
+
+    logger = cfg.get("logger") or {}
+    if logger.get("backend") != "mlflow" or logger.get("parent_run_id"):
+        return  # not tracked, or a scaling sweep's point (the sweep reports it)
+    from scalelab.tracking.multirun import record_refused_job
+    from scalelab.tracking.store import resolve_tracking_uri
+    from scalelab.tracking.store_check import check_sqlite_store
+
+    with contextlib.suppress(Exception):
+        uri = resolve_tracking_uri(logger.get("tracking_uri"), Path(str(cfg.paths.root)))
+        check_sqlite_store(uri)
+        record_refused_job(uri, str(logger.get("experiment_name")),
+                           Path(HydraConfig.get().sweep.dir), f"{cfg.run_name} (multirun)",
+                           logger.get("artifact_root"))
 
 
 def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None,
@@ -114,8 +138,8 @@ def config_hash(cfg: DictConfig) -> str:
 
 def log_config(tracker: Any, cfg: DictConfig) -> None:
     """The composed config and the command's overrides, as run artifacts."""
-    tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/config.yaml")
+    tracker.log_text(redact(OmegaConf.to_yaml(cfg, resolve=True)), "config/config.yaml")
     overrides: list[str] = []
     if HydraConfig.initialized():
         overrides = list(HydraConfig.get().overrides.task)
-    tracker.log_text("\n".join(overrides) + "\n", "config/overrides.txt")
+    tracker.log_text(redact("\n".join(overrides)) + "\n", "config/overrides.txt")

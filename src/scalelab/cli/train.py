@@ -42,6 +42,7 @@ from scalelab.cli.run_folder import RunFolder
 from scalelab.config.compose import normalize_overrides
 from scalelab.config.schema import register
 from scalelab.config.spec import RunSpec, build_spec
+from scalelab.config.user_conf import check_user_config_folders
 from scalelab.data.bundle import DataBundle
 from scalelab.model import ModelConfig
 from scalelab.tracking import is_global_zero
@@ -58,6 +59,11 @@ def main() -> None:
     """Console entry point (`scalelab-train`); the console script does sys.exit(main())."""
     args = ["hydra.verbose=true" if a in ("-v", "--verbose") else a for a in sys.argv[1:]]
     sys.argv = [sys.argv[0], *normalize_overrides(args)]
+    try:
+        check_user_config_folders(sys.argv[1:])  # a YAML error: one line, not Hydra's traceback
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     sys.argv = hydra_ddp.torchrun_argv(sys.argv)  # scale-out: torchrun ranks > 0 use rank 0's folder
     _hydra_main()
 
@@ -74,10 +80,34 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        if is_global_zero():
+            from scalelab.cli.tracking_setup import record_refused_multirun_job
+
+            record_refused_multirun_job(cfg)
         raise
+    except (MemoryError, RuntimeError) as e:
+        # out of memory (host or GPU): the run is recorded FAILED; the user gets one line
+        if not _out_of_memory(e) or not HydraConfig.initialized() \
+                or HydraConfig.get().mode != RunMode.RUN:
+            raise
+        print(f"error: out of memory ({_first_line(e)}): the model or batch does not fit; lower "
+              "train.micro_batch_size (gradient accumulation keeps the batch), the model size or "
+              "train.block_size, or set train.activation_checkpointing=true", file=sys.stderr)
+        sys.exit(2)
     finally:
         hydra_ddp.end_job()  # scale-out: join this job's ranks, reset the env for the next job
     return summary.get("final_val_loss")
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """MemoryError, torch.OutOfMemoryError (GPU), or the CPU allocator's RuntimeError."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" \
+        or "can't allocate memory" in str(e) or "out of memory" in str(e).lower()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0][:160] if text else type(e).__name__)
 
 
 # --- the run ------------------------------------------------------------------------------

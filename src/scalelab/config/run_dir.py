@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from scalelab.config.names import check_run_name
+
 PENDING = ".hydra.pending"
 _RUN_DIRS: dict[tuple, str] = {}  # one answer per process, however often Hydra re-resolves
 _DEFERRED: dict[str, str] = {}  # scratch folder -> the error to report
@@ -101,6 +103,7 @@ def run_dir_resolver(output_dir: Any, resume: Any, log_dir: str, run_name: str, 
                      clock: str, ckpt_path: Any = None, label: Any = None) -> str:
     """``resolve_run_dir`` for Hydra: errors are deferred to the task (see module doc)."""
     try:
+        check_run_name(str(run_name))
         out = resolve_run_dir(output_dir, resume, log_dir, run_name, day, clock, ckpt_path, label)
         key = "paths.output_dir" if output_dir else "paths.log_dir"
         problem = _unwritable(Path(out), key)

@@ -23,6 +23,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from scalelab.config.names import folder_stem
 from scalelab.config.run_dir import hydra_subdir, run_dir_resolver
 from scalelab.config.run_name import run_label_resolver
 from scalelab.data.config import DataConfig, TokenizerConfig
@@ -186,7 +187,8 @@ def register() -> None:
     resolvers = {"scalelab.root": lambda: str(repo_root()),
                  "scalelab.run_dir": run_dir_resolver,
                  "scalelab.run_label": run_label_resolver,
-                 "scalelab.hydra_subdir": hydra_subdir}
+                 "scalelab.hydra_subdir": hydra_subdir,
+                 "scalelab.folder_stem": folder_stem}
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

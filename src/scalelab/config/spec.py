@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from scalelab.config.counts import as_count
+from scalelab.config.names import check_run_name
 from scalelab.config.schema import (
     CallbacksSchema,
     LoggerSchema,
@@ -99,17 +100,21 @@ def _container(node: Any) -> dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True) if node is not None else {}  # type: ignore[return-value]
 
 
-def _typed(cls: type, values: dict[str, Any]) -> Any:
-    """``cls`` (a schema dataclass) from a plain dict, nested sections too; keys the schema does
-    not know (``+trainer.X`` Lightning arguments, ``+callbacks.X`` user callbacks) are left to
-    cli/trainer_args.py."""
+def _typed(cls: type, values: dict[str, Any], group: str, *, open_keys: bool = False) -> Any:
+    """``cls`` (a schema dataclass) from a plain dict, nested sections too. A key the schema does
+    not know (``+train.max_step=5``: Hydra's ``+`` adds it even to a typed section) is refused
+    naming the valid keys, except where ``open_keys`` leaves extras to their owner: ``+trainer.X``
+    Lightning arguments (cli/trainer_args.py), ``+callbacks.X`` user callbacks
+    (cli/user_callbacks.py)."""
+    if not open_keys:
+        _reject_unknown_keys(group, cls, values)
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in values:
             value, kind = values[f.name], hints[f.name]
             nested = dataclasses.is_dataclass(kind) and isinstance(value, dict)
-            kwargs[f.name] = _typed(kind, value) if nested else value  # type: ignore[arg-type]
+            kwargs[f.name] = _typed(kind, value, f"{group}.{f.name}") if nested else value  # type: ignore[arg-type]
     return cls(**kwargs)
 
 
@@ -220,9 +225,9 @@ def build_spec(cfg: DictConfig) -> RunSpec:
     optim = _component("optim", OptimConfig, cfg.optim)
     objective = _objective(cfg.objective, model, data)
     top = _container(cfg)
-    train = _typed(TrainSection, top["train"])
-    trainer = _typed(TrainerSchema, top["trainer"])
-    logger = _typed(LoggerSchema, top["logger"])
+    train = _typed(TrainSection, top["train"], "train")
+    trainer = _typed(TrainerSchema, top["trainer"], "trainer", open_keys=True)
+    logger = _typed(LoggerSchema, top["logger"], "logger")
     block = _block_size(train, objective, model, init_from)
     _check_run_keys(train, logger)
     world = world_size_of(trainer)
@@ -234,9 +239,9 @@ def build_spec(cfg: DictConfig) -> RunSpec:
         model_fields=model_fields, model=model, data=data, tokenizer=tokenizer, optim=optim,
         objective=objective, block_size=block, world_size=world, batch=batch, max_steps=steps,
         val_every=min(int(train.val_every), steps), init_from=init_from, train=train,
-        trainer=trainer, logger=logger, callbacks=_typed(CallbacksSchema, top["callbacks"]),
-        paths=_typed(PathsSchema, top["paths"]), seed=int(top["seed"]),
-        run_name=str(top["run_name"]), resume=bool(top["resume"]), ckpt_path=top["ckpt_path"],
+        trainer=trainer, logger=logger, callbacks=_typed(CallbacksSchema, top["callbacks"], "callbacks", open_keys=True),
+        paths=_typed(PathsSchema, top["paths"], "paths"), seed=int(top["seed"]),
+        run_name=check_run_name(str(top["run_name"])), resume=bool(top["resume"]), ckpt_path=top["ckpt_path"],
         tags=dict(top["tags"] or {}),
     )
 
@@ -245,12 +250,18 @@ def _hf_model_fields(init_from: str, configured: dict[str, Any]) -> dict[str, An
     """model.init_from=hf:PATH: the shape comes from the HF config.json; only the training-time
     knobs (dropout, init_std) are kept from the configured model."""
     from scalelab.interop.hf_config import model_config_from_hf
-    from scalelab.interop.hf_import import HF_PREFIX, read_hf_config, strip_prefix
+    from scalelab.interop.hf_import import (
+        HF_PREFIX,
+        check_safetensors,
+        read_hf_config,
+        strip_prefix,
+    )
 
     if not init_from.startswith(HF_PREFIX):
         raise ValueError(f"model.init_from={init_from}: use hf:PATH (a local Hugging Face folder)")
     try:
         _, hf_cfg = model_config_from_hf(read_hf_config(strip_prefix(init_from)))
+        check_safetensors(strip_prefix(init_from))  # a tampered header: refused before the run
     except (FileNotFoundError, ValueError) as e:
         raise ValueError(f"model.init_from={init_from}: {e}") from e
     keep = {k: configured[k] for k in ("dropout", "init_std") if k in configured}

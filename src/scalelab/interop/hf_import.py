@@ -35,22 +35,50 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the folder's safetensors file(s); refuses pickle-only folders."""
-    from safetensors.torch import load_file
-
+def _safetensor_files(folder: Path) -> list[Path]:
+    """The folder's safetensors file(s); refuses pickle-only folders."""
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(str(single))
+        return [single]
     if index.is_file():
-        out: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            out.update(load_file(str(folder / shard)))
-        return out
+        return [folder / s for s in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
     pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
     extra = f" (found {', '.join(pickles)}: pickles are never loaded; re-save the model with " \
             "save_pretrained(..., safe_serialization=True))" if pickles else ""
     raise FileNotFoundError(f"{folder}: no model.safetensors{extra}")
+
+
+def _unreadable(path: Path, e: Exception) -> ValueError:
+    return ValueError(f"{path}: not a valid safetensors file ({' '.join(str(e).split())}); "
+                      "download or re-save the model")
+
+
+def check_safetensors(folder: Path) -> None:
+    """Every safetensors header of the folder parses and matches its file (the library checks
+    the offsets against the size), without reading the tensors: a tampered file is refused
+    before a run starts."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in _safetensor_files(folder):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                f.keys()
+        except (SafetensorError, OSError) as e:
+            raise _unreadable(path, e) from None
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the folder's safetensors file(s); refuses pickle-only folders."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for path in _safetensor_files(folder):
+        try:
+            out.update(load_file(str(path)))
+        except SafetensorError as e:
+            raise _unreadable(path, e) from None
+    return out
 
 
 def load_hf(source: str | Path) -> tuple[str, ModelConfig, dict[str, torch.Tensor]]:

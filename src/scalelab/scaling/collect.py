@@ -21,6 +21,7 @@ import pandas as pd
 
 from scalelab.model.accounting import N_KEYS
 from scalelab.tracking.final import final_values
+from scalelab.tracking.redact import redact
 from scalelab.tracking.sweep import (
     HELDOUT_SET_TAG,
     ChildRun,
@@ -177,7 +178,7 @@ def find_parent(sweep: str | None = None, parent_run_id: str | None = None,
         raise ValueError("give a sweep name (--sweep NAME) or a parent run id (--parent-run-id ID)")
     parent = find_sweep_parent(uri, sweep)
     if parent is None:
-        raise ValueError(f"no sweep named {sweep!r} in {uri} (no parent run tagged "
+        raise ValueError(f"no sweep named {sweep!r} in {redact(uri)} (no parent run tagged "
                          f"scalelab.sweep_name={sweep!r}); run `scalelab-sweep sweep=...` first, "
                          "or pass --tracking-uri / --parent-run-id")
     return parent
@@ -196,5 +197,5 @@ def collect_runs(sweep: str | None = None, parent_run_id: str | None = None,
         got.curves = got.curves[got.curves["run_id"].isin(got.runs["run_id"])]
     if got.runs.empty:
         raise ValueError(f"sweep {sweep or parent_run_id}: no FINISHED child runs under parent "
-                         f"{parent.run_id} in {parent.tracking_uri}")
+                         f"{parent.run_id} in {redact(parent.tracking_uri)}")
     return got.runs, got.curves

@@ -495,11 +495,17 @@ def fit_available(runs, curves=None, options: FitOptions | None = None,
     notes, ok = [], []
     for a in opts.approaches:
         try:
-            fit_scaling_laws(runs, curves, dataclasses.replace(opts, approaches=[a], n_boot=0,
-                                                                extrapolate=False), source=source)
-            ok.append(a)
+            trial = fit_scaling_laws(runs, curves, dataclasses.replace(
+                opts, approaches=[a], n_boot=0, extrapolate=False), source=source)
         except (FitInputError, ValueError, np.linalg.LinAlgError) as e:
             notes.append(f"Approach {a} left out: {e}")
+            continue
+        # an approach skipped inside a variant (Approach 1 without curves) fitted nothing
+        skipped = [vf.skipped[a] for vf in trial.variants.values() if a in vf.skipped]
+        if skipped:
+            notes.append(f"Approach {a} left out: {skipped[0]}")
+        else:
+            ok.append(a)
     if not ok:
         return None, notes
     results = fit_scaling_laws(runs, curves, dataclasses.replace(opts, approaches=ok), source=source)

@@ -56,6 +56,15 @@ TIGHT_OPTIONS = {"ftol": 1e-12, "gtol": 1e-12, "maxiter": 10_000, "maxfun": 20_0
 
 PARAM_ORDER = ("a", "b", "e", "alpha", "beta")
 
+# Memory and time bounds of the batched descent, whatever the number of rows:
+# - it holds ~30 arrays of starts x points float64 values, so the starts run in chunks of at
+#   most CHUNK_ELEMENTS / points starts (~360 MB at 1.5e6 elements);
+# - with more than GRID_ROWS points the multi-start search runs on GRID_ROWS of them, spread
+#   evenly over (N, D), and only its best distinct end points descend on every point (a coarse
+#   fit finds the basin; the full data then only move its bottom).
+CHUNK_ELEMENTS = 1_500_000
+GRID_ROWS = 256
+
 
 def init_grid(grid: str = "full") -> np.ndarray:
     """The initialisation grid as an array [n_starts, 5] in PARAM_ORDER (a, b, e, alpha, beta)."""
@@ -380,9 +389,7 @@ def fit_parametric(
     trap = tol == "default" or init == "best_grid_point"
     batched = method == "batched" and not trap
     if batched:
-        scale = 1.0 / len(log_l) if reduction == "mean" else 1.0
-        ends, fends = _batched_descent(starts, log_n, log_d, log_l, delta, scale, w)
-        polish_starts = _best_distinct(ends, fends, polish)
+        polish_starts = _multistart(starts, log_n, log_d, log_l, delta, reduction, w, polish)
     else:
         polish_starts = starts
     best, best_f, converged = _polish(fun, polish_starts, TIGHT_OPTIONS if tol == "tight" else {},
@@ -396,6 +403,26 @@ def fit_parametric(
         options={"delta": delta, "reduction": reduction, "tol": tol, "init": init, "grid": grid,
                  "method": method, "weighted": weights is not None},
     )
+
+
+def _multistart(starts: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray,
+                delta: float, reduction: str, w: np.ndarray, keep: int) -> np.ndarray:
+    """The ``keep`` best distinct end points of the batched descent from every start, with
+    memory bounded by CHUNK_ELEMENTS and time by GRID_ROWS (see there)."""
+    def descend(x0: np.ndarray, rows: np.ndarray | slice) -> np.ndarray:
+        ln, ld, ll, ww = log_n[rows], log_d[rows], log_l[rows], w[rows]
+        scale = 1.0 / len(ll) if reduction == "mean" else 1.0
+        chunk = max(1, CHUNK_ELEMENTS // len(ll))
+        parts = [_batched_descent(x0[i:i + chunk], ln, ld, ll, delta, scale, ww)
+                 for i in range(0, len(x0), chunk)]
+        return _best_distinct(np.concatenate([p[0] for p in parts]),
+                              np.concatenate([p[1] for p in parts]), keep)
+
+    if len(log_l) <= GRID_ROWS:
+        return descend(starts, slice(None))
+    order = np.lexsort((log_d, log_n))  # evenly over N, then D
+    coarse = descend(starts, order[np.linspace(0, len(order) - 1, GRID_ROWS).round().astype(int)])
+    return descend(coarse, slice(None))
 
 
 def _check_fit_options(log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray, *,

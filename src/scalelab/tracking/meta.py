@@ -12,6 +12,7 @@ from pathlib import Path
 
 import scalelab
 from scalelab.paths import source_checkout
+from scalelab.tracking.redact import redact
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -29,7 +30,7 @@ def run_tags(root: Path) -> dict[str, str]:
     tags = {
         "scalelab.version": scalelab.__version__,
         "host": socket.gethostname(),
-        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": redact(shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])),
         "mlflow.source.name": Path(sys.argv[0]).name or "scalelab",
         "mlflow.source.type": "LOCAL",
     }

@@ -2,7 +2,9 @@
 
 The parent is found through ``<sweep dir>/mlflow_parent_run_id``: the first job creates the
 run and writes the file under a lock, later jobs (sequential, or parallel joblib processes)
-read it. Each job that ends sets the parent's status to its own outcome (the last one wins).
+read it. Each job that ends sets the parent's status to the worst outcome so far (FAILED over
+KILLED over FINISHED), so one failed job, even one refused before it had a run, leaves the
+parent FAILED.
 """
 
 from __future__ import annotations
@@ -30,3 +32,11 @@ def parent_run_id(tracking_uri: str, experiment_name: str, sweep_dir: Path, name
             "mlflow.runName": name, ROLE_TAG: "parent", "scalelab.multirun_dir": str(sweep_dir)})
         id_file.write_text(run.info.run_id + "\n")
         return run.info.run_id
+
+
+def record_refused_job(tracking_uri: str, experiment_name: str, sweep_dir: Path, name: str,
+                       artifact_root: str | None = None) -> None:
+    """A job that failed before it had an MLflow run (a bad config value) marks the parent
+    FAILED, creating the parent if this was the first job."""
+    parent = parent_run_id(tracking_uri, experiment_name, sweep_dir, name, artifact_root)
+    client_for(tracking_uri).set_terminated(parent, "FAILED")

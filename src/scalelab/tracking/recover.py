@@ -23,6 +23,7 @@ from mlflow.entities import Run, ViewType
 from mlflow.tracking import MlflowClient
 
 from scalelab.paths import repo_root
+from scalelab.tracking.redact import redact
 from scalelab.tracking.run import client_for
 from scalelab.tracking.store import resolve_tracking_uri
 from scalelab.tracking.sweep import STALE_TAG, process_alive
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                   + ("  -> KILLED" if a.mark else ""))
             if a.mark:
                 mark_stale(client, r)
-        print(f"{len(runs)} RUNNING run(s) in {uri} whose process is gone"
+        print(f"{len(runs)} RUNNING run(s) in {redact(uri)} whose process is gone"
               + ("" if a.mark or not runs else "; --mark closes them as KILLED"))
         return 0
     except (ValueError, OSError) as e:

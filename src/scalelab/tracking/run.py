@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from scalelab.tracking.guard import StatusGuarded
 from scalelab.tracking.null import NullTracker
 from scalelab.tracking.process import process_alive
+from scalelab.tracking.redact import redact
 from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
     experiment_artifact_location,
@@ -126,7 +127,7 @@ class Tracker(StatusGuarded):
             except MlflowException as e:
                 raise RuntimeError(
                     f"resume: MLflow run {resume_run_id} (from the run folder's mlflow_run_id) is "
-                    f"not in {tracking_uri}: {e.message}. Resume against the store the run was "
+                    f"not in {redact(tracking_uri)}: {redact(e.message)}. Resume against the store the run was "
                     "created in (logger.tracking_uri=...), or delete mlflow_run_id to start a new run."
                 ) from None
             _warn_if_still_written(run)
@@ -214,9 +215,11 @@ class Tracker(StatusGuarded):
             with contextlib.suppress(Exception):
                 self._system_monitor.finish()
         RunStatus.from_string(status)  # validates the name
-        if self.multirun_parent_id:  # the multirun's parent shows its latest job's outcome
+        if self.multirun_parent_id:  # the multirun's parent shows its worst job's outcome
+            from scalelab.tracking.parent_status import record_job_outcome
+
             with contextlib.suppress(Exception):
-                self.client.set_terminated(self.multirun_parent_id, status)
+                record_job_outcome(self.client, self.multirun_parent_id, status)
         # a KILLED run is usually on a grace period (docker 10 s, SLURM/k8s 30 s): wait less
         wait = self.outage_wait_s if status != "KILLED" else min(self.outage_wait_s, 10.0)
         try:
@@ -229,7 +232,7 @@ class Tracker(StatusGuarded):
         where = self.spool.path.parent if self.spool.path else "<run folder>"
         log.warning("could not record status %s of MLflow run %s in %s (%s); it and %d pending "
                     "call(s) are kept in %s: send them with `python -m scalelab.tracking.recover "
-                    "replay %s`", status, self.run_id, self.tracking_uri, why,
+                    "replay %s`", status, self.run_id, redact(self.tracking_uri), why,
                     len(self.spool.pending), self.spool.path or "memory only", where)
         return False
 
@@ -254,7 +257,7 @@ def get_or_create_experiment(
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             raise RuntimeError(
-                f"logger.experiment_name={name!r} is a deleted MLflow experiment in {uri}; "
+                f"logger.experiment_name={name!r} is a deleted MLflow experiment in {redact(uri)}; "
                 "restore it in the UI or pick another name"
             )
         if EXPERIMENT_KIND_TAG not in exp.tags:  # stores created before the tag existed

@@ -42,6 +42,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.async_logging.run_operations import RunOperations
 
+from scalelab.tracking.redact import redact
 from scalelab.tracking.store import TrackingServerUnreachable, is_remote, probe
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ class Spool:
         self.offline_since = self._last_try = time.time()
         where = f" and in {self.path}" if self.path else ""
         log.warning("MLflow server %s is unreachable (%s): training goes on; metrics are kept in "
-                    "memory%s and sent when it is back", self.tracking_uri, _short(e), where)
+                    "memory%s and sent when it is back", redact(self.tracking_uri), _short(e), where)
 
     def _keep(self, op: dict[str, Any]) -> None:
         self.pending.append(op)
@@ -219,7 +220,7 @@ class Spool:
             since = self.offline_since or now
             self.offline_since = None
             log.warning("MLflow server %s is back after %.0f s: sent %d buffered metric value(s)",
-                        self.tracking_uri, time.time() - since, sent)
+                        redact(self.tracking_uri), time.time() - since, sent)
             return True
 
     def flush(self, wait_s: float) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from scalelab.data.files import locked
+from scalelab.tracking.redact import redact
 
 
 class TrackingServerUnreachable(RuntimeError):
@@ -88,7 +89,7 @@ def _unreachable(uri: str, why: str) -> str:
     if os.environ.get("MLFLOW_TRACKING_URI") == uri:
         src = "$MLFLOW_TRACKING_URI"
     return (
-        f"MLflow tracking server {uri} ({src}) is unreachable: {why}. Start it (e.g. "
+        f"MLflow tracking server {redact(uri)} ({src}) is unreachable: {why}. Start it (e.g. "
         f"`mlflow server --host 127.0.0.1 --port PORT`), point {src} at a running server, "
         "unset it to use the embedded store (sqlite:///<repo>/mlruns.db), or pass logger=none."
     )

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from scalelab.paths import repo_root
+from scalelab.tracking.redact import redact
 
 
 def _free_port(preferred: int) -> int:
@@ -28,6 +29,18 @@ def _free_port(preferred: int) -> int:
         except OSError:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` is only reachable from this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name other than localhost may resolve to anything
+        return False
 
 
 ML_VIEW = "workflowType=machine_learning"  # the UI's model-training mode (not GenAI)
@@ -84,12 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if env_uri.startswith(("http://", "https://")):
-        print(f"MLFLOW_TRACKING_URI={env_uri} already points at a server: open it in a browser.")
+        print(f"MLFLOW_TRACKING_URI={redact(env_uri)} already points at a server: open it in a browser.")
         return 0
+    if not is_loopback(args.host):
+        print(f"warning: --host {args.host} serves the MLflow UI beyond this machine, and it has no "
+              "authentication: whoever reaches the port can read, change and delete every run. "
+              "Keep --host 127.0.0.1 and use an SSH tunnel (ssh -L PORT:127.0.0.1:PORT host).",
+              file=sys.stderr)
     port = args.port if args.dry_run else _free_port(args.port)
     cmd = build_command(args.store, args.artifacts, args.host, port, args.workers)
     url = f"http://{args.host}:{port}"
-    print(f"MLflow UI for {args.store}\n  artifacts: {args.artifacts}")
+    print(f"MLflow UI for {redact(args.store)}\n  artifacts: {args.artifacts}")
     experiments = _experiments(args.store)
     if experiments:
         # one link, to the runs of the newest experiment: MLflow 3.17 opens on its GenAI
@@ -103,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"  open {url}  (Ctrl-C stops it)")
     if args.dry_run:
-        print(" ".join(cmd))
+        print(redact(" ".join(cmd)))
         return 0
     args.artifacts.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
