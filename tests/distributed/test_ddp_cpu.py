@@ -93,7 +93,7 @@ def test_multirun_sweep_with_ddp(launcher: str, tmp_path: Path, data_file: Path,
 
     sweep = work / "multirun"
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
-    assert jobs == ["0", "1"], jobs  # exactly 2 job folders, nothing relaunched
+    assert jobs == ["0_sweep", "1_sweep"], jobs  # exactly 2 job folders (<num>_<name>), nothing relaunched
     assert not run_folders(work)  # no stray single-run folder from a rank
     every = runs(work)
     # one parent run for the multirun, then exactly 2 runs (one per point) under it

@@ -135,7 +135,8 @@ def _finished_ranks(tmp_path: Path, world: int, keep: str) -> list[subprocess.Co
 def test_dropping_the_group_joins_gloos_threads_though_a_cycle_held_it(tmp_path: Path) -> None:
     (p,) = _finished_ranks(tmp_path, 1, "garbage")
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "gloo threads before 3\n" in p.stdout  # two workers and a socket loop
+    before = int(p.stdout.split("gloo threads before ", 1)[1].split()[0])
+    assert before >= 1, p.stdout  # its workers and socket loop (how many have started varies)
     assert "gloo threads after 0\n" in p.stdout
     assert "outlived" not in p.stderr
 

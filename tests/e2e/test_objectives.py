@@ -10,7 +10,7 @@ import pytest
 
 
 def _summary(tmp: Path, name: str) -> dict:
-    runs = list((tmp / "outputs").glob(f"*/*_{name}"))
+    runs = list((tmp / "outputs").glob(f"*/*_{name},*"))  # <time>_<name>,<its overrides>
     assert len(runs) == 1, runs
     return json.loads((runs[0] / "summary.json").read_text())
 

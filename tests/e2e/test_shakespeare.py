@@ -31,7 +31,7 @@ def test_shakespeare_char_trains_samples_and_exports(tmp_path: Path, shared_data
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert list(elsewhere.iterdir()) == []  # nothing written relative to the cwd
-    runs = list((tmp_path / "outputs").glob("*/*_shakespeare_char"))
+    runs = list((tmp_path / "outputs").glob("*/*_shakespeare_char,*"))  # <time>_<name>,<its overrides>
     assert len(runs) == 1, runs
     run = runs[0]
     summary = json.loads((run / "summary.json").read_text())

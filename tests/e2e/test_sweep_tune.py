@@ -47,8 +47,8 @@ def test_tune_stage_seeds_and_heldout(tmp_path):
     rounds = {r: [k for k in tune if k.data.tags["sweep_tune_round"] == r]
               for r in ("lr", "batch", "beta2")}
     assert [len(v) for v in rounds.values()] == [6, 6, 4]
-    assert {k.info.run_name.rsplit("-", 1)[1] for k in rounds["batch"]} == {"b0.5x", "b1x", "b2x"}
-    assert {k.info.run_name.rsplit("-", 1)[1] for k in rounds["beta2"]} == \
+    assert {k.info.run_name.rsplit("-", 1)[1].rsplit("_", 1)[0] for k in rounds["batch"]} == {"b0.5x", "b1x", "b2x"}
+    assert {k.info.run_name.rsplit("-", 1)[1].rsplit("_", 1)[0] for k in rounds["beta2"]} == \
         {"beta2_0.95", "beta2_0.999"}
     assert {int(k.data.params["global_batch_sequences"]) for k in rounds["batch"]} == {16, 32, 64}
     assert {float(k.data.params["beta2"]) for k in rounds["beta2"]} == {0.95, 0.999}
@@ -64,7 +64,7 @@ def test_tune_stage_seeds_and_heldout(tmp_path):
     for g in groups.values():
         assert {k.data.tags["sweep_replicate"] for k in g} == {"0", "1"}
         assert len({k.data.params["seed"] for k in g}) == 2
-        names = sorted(k.info.run_name for k in g)
+        names = sorted(k.info.run_name.rsplit("_", 1)[0] for k in g)  # <label>_<point hash>
         assert names[0].startswith("C3e9-N") and names[1] == names[0] + "-s1"
     assert all(k.info.run_name.startswith("tune-C3e9-N") for k in tune)
     # the fitted law set every point's lr, and the plan, grid runs and law are in MLflow

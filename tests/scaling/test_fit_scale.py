@@ -7,10 +7,11 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from scalelab.scaling.fit_synthetic import EPOCH_2024, isoflop_runs
+from tests.scaling.synthetic import isoflop_runs
 
 from scalelab.cli.fit import main as fit_main
 from scalelab.scaling.fit_parametric import fit_parametric
+from scalelab.scaling.published_laws import EPOCH_2024
 
 
 def test_many_rows_fit_in_bounded_memory_and_recover_the_law() -> None:

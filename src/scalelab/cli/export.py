@@ -50,6 +50,12 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
     return out
 
 
+# What the written folder was checked against (tests/interop/test_hf_portability.py); an
+# older transformers may load it differently, so the user is told where the proof stops.
+LOADS_WITH = ("the folder loads with transformers 4.57.6 and 5.25.0 (tested, same logits); "
+              "transformers older than 4.57 is untested (docs/interop.md)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scalelab-export", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"exported {res['hf_class']} to {res['out']} (max |logit diff| "
               f"{res['max_abs_logit_diff']:.3g}; tokenizer: {res['tokenizer']})")
+        print(f"note: {LOADS_WITH}")
         return 0
     try:
         out = export(args.checkpoint, args.out)
