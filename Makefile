@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m compileall -q src
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create .venv and install scalelab with its dev and hf extras
+install: $(STAMP) ## Create .venv and install scalelab with its dev, hf and cluster extras
 
 test: $(STAMP) ## Run the fast tests
 	$(PY) -m pytest $(PYTEST_PAR) -m "not slow" $(PYTEST_ARGS)
