@@ -12,10 +12,18 @@ import pytorch_lightning as pl
 
 
 class SigtermAtStep(pl.Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
+    """``job``: only in that job of a ``-m`` multirun (Hydra's job number), else in every run."""
+
+    def __init__(self, step: int, job: int | None = None) -> None:
+        self.step, self.job = step, job
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if trainer.global_step != self.step:
+            return
+        if self.job is not None:
+            from hydra.core.hydra_config import HydraConfig
+
+            if HydraConfig.get().job.num != self.job:
+                return
+        os.kill(os.getpid(), signal.SIGTERM)

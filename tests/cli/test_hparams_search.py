@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,18 +50,17 @@ def test_a_killed_search_resumes_under_one_parent(tmp_path: Path, shared_data_di
                                                   train_cli) -> None:
     from mlflow.tracking import MlflowClient
 
-    env = train_cli.env(SCALELAB_ROOT=str(tmp_path))
+    tests_dir = Path(__file__).resolve().parents[1]  # `cli.sigterm_at_step` for the child
+    env = train_cli.env(SCALELAB_ROOT=str(tmp_path), PYTHONPATH=os.pathsep.join(
+        [str(tests_dir), os.environ.get("PYTHONPATH", "")]))
     folder = tmp_path / "multirun" / "search_shakespeare_char_optuna"
-    proc = subprocess.Popen(_search(tmp_path, shared_data_dir, train_cli, 3), env=env,
+    # the second trial SIGTERMs its own process at its step 2: the search stops there
+    kill = "+callbacks.kill={_target_: cli.sigterm_at_step.SigtermAtStep, step: 2, job: 1}"
+    proc = subprocess.Popen([*_search(tmp_path, shared_data_dir, train_cli, 3), kill], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=_default_signals)
-    try:  # SIGTERM once the second trial's run exists: the search stops there
-        deadline = time.time() + 400
-        while not list(folder.glob("1_*/.hydra")) and proc.poll() is None:
-            assert time.time() < deadline, "the second trial never started"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        first = proc.communicate(timeout=300)[0]
+    try:
+        first = proc.communicate(timeout=600)[0]
     finally:
         if proc.poll() is None:
             proc.kill()
