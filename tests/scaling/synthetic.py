@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -79,3 +81,45 @@ def replicate(runs: pd.DataFrame, k: int, noise: float, seed: int = 2,
         b["loss"] = law_loss(b["N"], b["D"], law) * (1 + noise * rng.standard_normal(len(b)))
         out.append(b)
     return pd.concat(out, ignore_index=True)
+
+
+# A small study's law: L = E + A/N^alpha + B/D^beta at ~1e3-1e6 parameters, with the
+# curvature and the D/N ~ 50 optimum of scalelab's CPU studies.
+SMALL_LAW = {"E": 1.2, "A": 30.0, "B": 60.0, "alpha": 0.40, "beta": 0.33}
+
+
+def family_shape(n: float, seq_len: int = 64, vocab: int = 101) -> dict[str, float]:
+    """A continuous stand-in for a sweep family's shape of ~n matmul parameters: the counts
+    the forecast reads (total, non-embedding, matmul N, exact FLOPs per token)."""
+    layers = 2 if n < 3e4 else 4
+    d = math.sqrt(n / (12 * layers))
+    return {"n_params": n + vocab * d + seq_len * d, "n_params_non_embedding": n + 4 * layers * d,
+            "n_params_matmul": float(n), "flops_per_token": 6 * n + 12 * layers * seq_len * d}
+
+
+def study_runs(budgets=(4e9, 1e10, 2.5e10, 6.3e10, 1.6e11), sizes: int = 7, span: float = 16.0,
+               seeds: int = 3, noise: float = 0.005, law: dict[str, float] = SMALL_LAW,
+               seed: int = 0) -> pd.DataFrame:
+    """A study's runs.csv rows: per budget, ``sizes`` sizes over ``span`` around the law's
+    optimum, D = C / FLOPs per token, ``seeds`` replicates with relative noise ``noise``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in budgets:
+        centre = true_optimum(c, law)[0]
+        for i, n in enumerate(np.geomspace(centre / math.sqrt(span), centre * math.sqrt(span), sizes)):
+            shape = family_shape(float(n))
+            d = c / shape["flops_per_token"]
+            for r in range(seeds):
+                loss = float(law_loss(n, d, law)) * (1 + noise * rng.standard_normal())
+                rows.append(shape | {"budget": c, "D": d, "loss": loss, "replicate": r,
+                                     "group_id": f"c{c:.2e}_n{i}", "stage": "main"})
+    return pd.DataFrame(rows)
+
+
+def true_optimum(c: float, law: dict[str, float] = SMALL_LAW) -> tuple[float, float]:
+    """(N*, L*) of the law at exact compute c over family_shape's FLOPs per token."""
+    grid = np.geomspace(10, 1e9, 20_000)
+    fpt = np.array([family_shape(n)["flops_per_token"] for n in grid])
+    loss = law_loss(grid, c / fpt, law)
+    k = int(np.argmin(loss))
+    return float(grid[k]), float(loss[k])

@@ -166,7 +166,11 @@ def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
     collected = _collect(parent, plan, spec, settings, sweep_dir)
     fit_lines: list[str] = []
     if settings.fit and not collected.runs.empty:
-        fit_lines = fit_and_report(collected, plan, settings, sweep_dir, parent, console, tuned)
+        forecast = _forecast(plan, collected, settings, base, sweep_dir, parent, scorer, console)
+        if forecast is not None:
+            outcome.failed |= forecast.failed
+        fit_lines = fit_and_report(collected, plan, settings, sweep_dir, parent, console, tuned,
+                                   forecast)
     wall = time.time() - t_start
     parent.log_metrics({"sweep/points": len(plan.points), "sweep/finished": len(collected.runs),
                         "sweep/failed": len(outcome.failed), "sweep/wall_seconds": wall,
@@ -207,6 +211,25 @@ def _train_points(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Pat
     if scorer is not None:
         scorer.score_all(plan.points)
     return plan, outcome, tuned
+
+
+def _forecast(plan: Any, collected: Any, settings: Any, base: Any, sweep_dir: Path, parent: Any,
+              scorer: Any, console: Any) -> Any:
+    """The forecast stage (scaling/forecast_stage.py); None without one, or when the study's
+    runs cannot carry it (said on the console and tagged on the parent)."""
+    from scalelab.scaling.forecast_stage import forecast_skip_reason, run_forecast_stage
+
+    why = forecast_skip_reason(plan)
+    if why:
+        console.print(f"[yellow]{why}[/yellow]")
+        return None
+    try:
+        return run_forecast_stage(plan, collected.runs, settings, base, sweep_dir, parent, scorer,
+                                  console.print)
+    except ValueError as e:
+        console.print(f"[red]{e}[/red]")
+        parent.set_tags({"sweep_forecast": f"failed: {e}"})
+        return None
 
 
 def _collect(parent: Any, plan: Any, spec: Any, settings: Any, sweep_dir: Path) -> Any:

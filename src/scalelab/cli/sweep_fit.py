@@ -8,7 +8,7 @@ from typing import Any
 
 
 def fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, parent: Any,
-                   console: Any, tuned: Any = None) -> list[str]:
+                   console: Any, tuned: Any = None, forecast: Any = None) -> list[str]:
     """Fit (approaches 1-3 as the data allows), write the report, log both to the parent."""
     import pandas as pd
 
@@ -28,6 +28,7 @@ def fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, pa
     print_results(results)
     report_dir = sweep_dir / "report"
     files = write_report(results, report_dir, plan=pd.DataFrame(plan.rows()), tune=tuned, lr_law=plan.lr_law,
+                         forecast=forecast,
                          laws_from=(plan.spec.laws_from, plan.tuned)
                          if plan.spec.laws_from and plan.tuned and tuned is None else None)
     parent.log_artifacts(report_dir, "report")
@@ -60,6 +61,10 @@ def fit_and_report(collected: Any, plan: Any, settings: Any, sweep_dir: Path, pa
                 break
         lines.append(extrapolation_line(ex, tag, prefix, metrics))
     parent.log_metrics({k: v for k, v in metrics.items() if v == v})
+    if forecast is not None:
+        from scalelab.scaling.forecast_stage import summary_lines
+
+        lines += summary_lines(forecast)
     lines.append(f"report       : {report_dir / 'report.md'} ({len(files)} files)")
     return lines
 

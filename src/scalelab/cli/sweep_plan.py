@@ -51,12 +51,37 @@ def print_plan(plan: Any, estimates: list[float] | None, console: Any,
             f"stable-phase checkpoint; total cost {plan.total_compute:.3g} FLOPs = "
             f"{plan.total_compute / plan.main_compute:.2f}x the main runs")
     tune_s = _print_tune_preview(plan, tune, console) if tune else 0.0
+    forecast = _forecast_text(plan)
+    if forecast:
+        console.print(forecast)
     if estimates:
         total = sum(estimates) + tune_s
         par = f"; {fmt_seconds(total / parallel)} with {parallel} runs at a time" if parallel > 1 else ""
         console.print(f"estimated wall time{' with the tune stage' if tune_s else ''}: "
                       f"{fmt_seconds(total)} one run after another{par} "
                       "(each size's training and any held-out scoring timed here, + start-up per run)")
+
+
+def _forecast_text(plan: Any) -> str:
+    """What the forecast stage will do after the study (its runs depend on the study's fit)."""
+    from scalelab.scaling.forecast_stage import forecast_skip_reason
+
+    spec = plan.spec
+    if not spec.forecast_multiples:
+        return ""
+    why = forecast_skip_reason(plan)
+    if why:
+        return f"[yellow]{why}[/yellow]"
+    top = max(spec.budgets)
+    targets = ", ".join(f"{m:g}x (C = {m * top:.3g})" for m in spec.forecast_multiples)
+    if not spec.forecast_train:
+        return f"then a forecast at {targets}: forecast only (sweep.forecast_train=false)"
+    grid = len(spec.forecast_lr_factors or [1]) * len(spec.forecast_batch_factors or [1]) - 1
+    cost = 3 * sum(spec.forecast_multiples) * top + grid * spec.forecast_multiples[0] * top
+    extra = (f" + an lr x batch grid of {grid} runs at {spec.forecast_multiples[0]:g}x"
+             if grid else "")
+    return (f"then a forecast at {targets}: N*, 2N* and N*/2 trained at each{extra}, "
+            f"~{cost:.3g} FLOPs ({cost / plan.total_compute:.1f}x the study)")
 
 
 def _settings_line(plan: Any) -> str:

@@ -58,11 +58,16 @@ class PlanPoint:
     start_step: int = 0
     replicate: int = 0  # seed replicate (sweep.seeds): the run's seed is base seed + replicate
     group_id: str = ""  # point id shared by all replicates of one (N, D, lr, variant) point
-    stage: str = "main"  # main | tune (a run of one of the tune stage's grids)
+    stage: str = "main"  # main | tune (a run of one of the tune stage's grids) | forecast
     lr_factor: float = 1.0  # tune stage: this run's lr / the rule's lr
     tune_round: str = ""  # tune stage: lr | batch | beta2 (which grid this run belongs to)
     batch_factor: float = 1.0  # batch round: this run's global batch / the base batch
     beta2: float | None = None  # AdamW beta2 of this run; None: sweep.beta2
+    # forecast stage (scaling/forecast_stage.py): the target's multiple of the largest budget,
+    # the run's role (optimum | larger | smaller | grid) and its forecast, tagged at launch
+    forecast_multiple: float = 0.0
+    forecast_role: str = ""
+    forecast_tags: dict[str, str] = field(default_factory=dict)
 
     @property
     def cost(self) -> int:
@@ -90,6 +95,10 @@ class PlanPoint:
         if self.stage == "tune":
             what = {"batch": f"b{self.batch_factor:g}x", "beta2": f"beta2_{self.beta2}"}
             out = f"tune-{out}-" + what.get(self.tune_round, f"lr{self.lr_factor:g}x")
+        if self.stage == "forecast":
+            out = f"forecast{self.forecast_multiple:g}x-{out}"
+            if self.forecast_role == "grid":
+                out += f"-lr{self.lr_factor:g}x-b{self.batch_factor:g}x"
         if self.replicate:
             out += f"-s{self.replicate}"
         return out

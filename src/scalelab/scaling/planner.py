@@ -228,3 +228,17 @@ def _set_schedule_and_check(p: PlanPoint, spec: SweepSpec, train_tokens: int | N
             f"({p.tokens / train_tokens:.2f} epochs). Use a bigger dataset, lower the budget, or "
             "set sweep.allow_repeat=true to repeat data")
 
+
+
+def planned_point(plan: Plan, cfg: ModelConfig, budget: float) -> PlanPoint:
+    """A point like ``plan``'s (its variant, batch and lr rule) for shape ``cfg`` at ``budget``:
+    what the forecast stage trains beyond the study. It may repeat data (its epochs are
+    reported); the study's own points may not unless sweep.allow_repeat is set."""
+    ref = plan.points[0]
+    vmodel = {k: v for k, v in ref.model_overrides.items()
+              if k not in ("d_model", "n_layers", "n_heads")}
+    tokens = budget / cfg.flops_per_token(seq_len=plan.seq_len)
+    p = _point(cfg, budget, tokens, plan.tokens_per_step, ref.variant, vmodel,
+               ref.extra_overrides, 0, plan.seq_len)
+    _set_schedule_and_check(p, dataclasses.replace(plan.spec, allow_repeat=True), None)
+    return p

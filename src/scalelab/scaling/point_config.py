@@ -104,6 +104,7 @@ def point_tags(p: PlanPoint, settings: RunSettings) -> dict[str, str]:
                  "sweep_batch_factor": f"{p.batch_factor:g}"}
         if p.beta2 is not None:
             tags["sweep_beta2"] = f"{p.beta2:g}"
+    tags |= p.forecast_tags  # the forecast, on the run before it trains
     if p.branch_of:
         tags |= {"wsd_branch_of": p.branch_of, "wsd_start_step": str(p.start_step)}
     return tags

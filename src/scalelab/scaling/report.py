@@ -437,29 +437,38 @@ def _tune_md(tune, out: Path) -> list[str]:
 
 
 def write_report(results: ScalingResults, out_dir, plan=None, tune=None, lr_law: dict | None = None,
-                 laws_from: tuple[str, dict] | None = None) -> list[Path]:
+                 laws_from: tuple[str, dict] | None = None, forecast=None) -> list[Path]:
     """Write PNG plots and ``report.md`` into out_dir; return the written paths.
 
     ``plan``: optional DataFrame (or records) of the sweep plan, shown as the first table.
     ``laws_from``: (path, per-variant laws) when sweep.laws_from set the hyperparameters.
+    ``forecast``: the forecast stage's result (scaling/forecast_stage.py): the first section.
     """
     final = Path(out_dir).expanduser().resolve()
     # drawn into a folder beside ``final`` and renamed into place whole: a reader never sees a
     # report.md whose plots are from another fit; an earlier report there is replaced
     with atomic_folder(final, may_replace=is_report_file) as out:
-        written = _write_report_into(out, results, plan, tune, lr_law, laws_from)
+        written = _write_report_into(out, results, plan, tune, lr_law, laws_from, forecast)
     return [final / p.relative_to(out) for p in written]
 
 
 def is_report_file(name: str) -> bool:
     """What write_report puts in its folder (an earlier report there may be replaced)."""
-    return name.endswith((".png", ".md", ".html"))
+    return name.endswith((".png", ".md", ".html")) or (name.startswith("forecast")
+                                                        and name.endswith(".csv"))
 
 
 def _write_report_into(out: Path, results: ScalingResults, plan, tune, lr_law: dict | None,
-                       laws_from: tuple[str, dict] | None) -> list[Path]:
+                       laws_from: tuple[str, dict] | None, forecast=None) -> list[Path]:
     written: list[Path] = []
-    md = _header_md(results)
+    md = ["# Scaling-law report", ""]
+    if forecast is not None:
+        from .forecast_report import forecast_md
+
+        lines, files = forecast_md(forecast, forecast.study, out, results.options.n_boot)
+        md += lines
+        written += files
+    md += _header_md(results)[2:]
     if plan is not None:
         md += ["## Plan", "", _md_table(pd.DataFrame(plan)), ""]
     if tune is not None:

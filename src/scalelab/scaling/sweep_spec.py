@@ -132,6 +132,15 @@ class SweepSpec:
     # with clip_sizes: continue a clipped curve's size grid upward (same log spacing) until it
     # has sizes_per_budget distinct shapes again
     fill_sizes: bool = False
+    # the forecast (scaling/forecast.py): at these multiples of the largest budget, N*, D* and
+    # the loss of N*, 2 N* and N*/2, each with a 95 % interval; then (forecast_train) those runs
+    # trained and scored against it. [] = no forecast
+    forecast_multiples: list[float] = field(default_factory=list)
+    forecast_train: bool = True
+    # an lr x batch grid (factors of the tuned laws' values) around N* at the first multiple:
+    # is the laws' choice as good as the grid's best there? [] = none
+    forecast_lr_factors: list[float] = field(default_factory=list)
+    forecast_batch_factors: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._check_choices()
@@ -139,6 +148,21 @@ class SweepSpec:
         self._check_rule()
         self._check_tune()
         self._check_variants_and_wsd()
+        self._check_forecast()
+
+    def _check_forecast(self) -> None:
+        for key in ("forecast_multiples", "forecast_lr_factors", "forecast_batch_factors"):
+            values = [float(x) for x in getattr(self, key)]
+            if any(not (math.isfinite(x) and x > 0) for x in values) or len(set(values)) < len(values):
+                raise ValueError(f"sweep.{key}={getattr(self, key)!r}: distinct positive numbers, "
+                                 "or [] for none")
+            setattr(self, key, sorted(values))
+        if any(m <= 1 for m in self.forecast_multiples):
+            raise ValueError(f"sweep.forecast_multiples={self.forecast_multiples!r}: multiples of "
+                             "the largest budget, each > 1 (e.g. [10,100]), or [] for no forecast")
+        if self.forecast_multiples and self.mode != "isoflop":
+            raise ValueError("sweep.forecast_multiples needs sweep.mode=isoflop (it forecasts "
+                             "beyond the largest budget); set sweep.forecast_multiples=[]")
 
     def _check_choices(self) -> None:
         if self.mode not in MODES:

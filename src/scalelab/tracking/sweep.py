@@ -115,6 +115,12 @@ class SweepParent:
         for k, v in tags.items():
             self.client.set_tag(self.run_id, k, str(v))
 
+    def log_child_metrics(self, run_id: str, metrics: Mapping[str, float]) -> None:
+        """Metrics on a finished child (the forecast stage's outcome beside its forecast)."""
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0)
+                                               for k, v in metrics.items()])
+
     def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
 
