@@ -14,19 +14,37 @@ from scalelab.training.config import OptimConfig
 from scalelab.training.optim import build_optimizer
 
 WIDTHS = (32, 64, 128, 256)
+HEAD_DIM = 8  # the sweep family's rule (shape_search): head_dim fixed, n_heads = d / head_dim
 
 
 def _cfg(parametrization: str, width: int, **kw: object) -> ModelConfig:
+    """n_heads fixed: head_dim grows with width."""
     base = WIDTHS[0] if parametrization == "mup" else None
     return ModelConfig(vocab_size=64, max_seq_len=16, d_model=width, n_layers=2, n_heads=4,
                        parametrization=parametrization, mup_base_width=base, **kw)
 
 
-def _activation_scales(parametrization: str, width: int, steps: int = 6) -> list[float]:
-    """Mean |x| of each block's output after a few Adam steps at one lr (Yang et al.'s
-    coordinate check): it stays flat across widths under µP and grows under standard."""
+def _fixed_head_cfg(width: int, base_head_dim: int | None) -> ModelConfig:
+    """µP in the sweep family's shapes: head_dim fixed, heads added as width grows."""
+    return ModelConfig(vocab_size=64, max_seq_len=16, d_model=width, n_layers=2,
+                       n_heads=width // HEAD_DIM, parametrization="mup",
+                       mup_base_width=WIDTHS[0], mup_base_head_dim=base_head_dim)
+
+
+def _attention_logit_scale(attn: torch.nn.Module, rows: torch.Tensor, batch: int) -> float:
+    """Mean |q.k * scale| of one self-attention layer, from its qkv_proj output rows."""
+    q, k, _ = rows.split(attn.splits, dim=-1)
+    q, k = (attn._heads(t, batch, rows.shape[0] // batch, attn.n_heads) for t in (q, k))
+    return ((q @ k.transpose(-2, -1)) * attn.scale).abs().mean().item()
+
+
+def _activation_scales(parametrization: str, width: int, steps: int = 6,
+                       cfg: ModelConfig | None = None) -> list[float]:
+    """Mean |x| of each block's output, of the output logits and of each layer's attention
+    logits after a few Adam steps at one lr (Yang et al.'s coordinate check): it stays flat
+    across widths under µP and grows under standard."""
     torch.manual_seed(0)
-    cfg = _cfg(parametrization, width)
+    cfg = cfg or _cfg(parametrization, width)
     model = Transformer(cfg)
     opt, _ = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.0, fused=False),
                              hidden_lr_scale=1.0 / cfg.width_multiplier)
@@ -37,26 +55,45 @@ def _activation_scales(parametrization: str, width: int, steps: int = 6) -> list
         opt.zero_grad()
         loss.backward()
         opt.step()
-    scales: list[float] = []
-    hooks = [b.register_forward_hook(lambda _m, _i, out: scales.append(out.abs().mean().item()))
+    blocks: list[float] = []
+    attention: list[float] = []
+    hooks = [b.register_forward_hook(lambda _m, _i, out: blocks.append(out.abs().mean().item()))
              for b in model.decoder.blocks]
+    for b in model.decoder.blocks:
+        attn = b.self_attn.fn
+        hooks.append(attn.qkv_proj.register_forward_hook(
+            lambda _m, _i, out, attn=attn: attention.append(_attention_logit_scale(attn, out, 4))))
     with torch.no_grad():
-        scales.append(model(ids[:, :-1]).abs().mean().item())
+        logits = model(ids[:, :-1]).abs().mean().item()
     for h in hooks:
         h.remove()
-    return scales
+    return attention + blocks + [logits]  # the first n_layers: attention logits
 
 
-def _spread(parametrization: str) -> float:
-    """Largest ratio, over the blocks and the logits, of the widest to the narrowest scale."""
-    per_width = [_activation_scales(parametrization, w) for w in WIDTHS]
+def _spread(per_width: list[list[float]]) -> float:
+    """Largest ratio, over the measured activations, of the widest to the narrowest scale."""
     return max(max(col) / min(col) for col in zip(*per_width, strict=True))
 
 
 def test_coordinate_check_flat_under_mup_and_growing_under_standard() -> None:
-    mup, standard = _spread("mup"), _spread("standard")
+    mup, standard = (_spread([_activation_scales(p, w) for w in WIDTHS])
+                     for p in ("mup", "standard"))
     assert mup < 3.0, f"µP activations drift {mup:.1f}x across widths {WIDTHS}"
     assert standard > 5.0 * mup, f"standard {standard:.1f}x vs µP {mup:.1f}x: check has no power"
+
+
+def test_coordinate_check_in_the_sweep_family_shapes_with_head_dim_fixed() -> None:
+    """head_dim 8 at every width, 4 to 32 heads. With the base head_dim set, the attention
+    logits (and everything after them) stay O(1); the n_heads-fixed law applied to these shapes
+    (base head_dim left to its default, d_base / n_heads) shrinks them by sqrt(m)."""
+    fixed, heads_law = (
+        [_activation_scales("mup", w, steps=12, cfg=_fixed_head_cfg(w, base)) for w in WIDTHS]
+        for base in (HEAD_DIM, None))
+    spread = _spread(fixed)
+    assert spread < 2.0, f"µP activations drift {spread:.2f}x across widths {WIDTHS}"
+    # the attention logits (the first n_layers columns) are what 1/sqrt(m) shrinks
+    attn_wrong = _spread([s[:2] for s in heads_law])
+    assert attn_wrong > 2.0 * spread, f"{attn_wrong:.2f}x vs {spread:.2f}x: check has no power"
 
 
 def test_mup_init_divides_hidden_std_by_sqrt_m_and_keeps_embeddings() -> None:
@@ -72,6 +109,23 @@ def test_mup_init_divides_hidden_std_by_sqrt_m_and_keeps_embeddings() -> None:
     assert attn.scale == pytest.approx(1 / math.sqrt(cfg.head_dim * m))  # ∝ 1/head_dim
     at_base = Transformer(_cfg("mup", WIDTHS[0])).decoder.blocks[0].self_attn.fn
     assert at_base.scale == pytest.approx(1 / math.sqrt(at_base.head_dim))  # = standard
+
+
+def test_attention_scale_is_the_head_dim_law_for_both_width_rules() -> None:
+    for w in WIDTHS:
+        fixed = _fixed_head_cfg(w, HEAD_DIM)  # the per-head dot product does not grow
+        assert fixed.attn_score_scale == pytest.approx(1 / math.sqrt(HEAD_DIM))
+        heads = _cfg("mup", w)  # head_dim = d / 4 grows with width
+        assert heads.attn_score_scale == pytest.approx(
+            1 / math.sqrt(heads.head_dim * heads.width_multiplier))
+        standard = _cfg("standard", w)
+        assert standard.attn_score_scale == 1 / math.sqrt(standard.head_dim)
+    wide = Transformer(_fixed_head_cfg(WIDTHS[-1], HEAD_DIM)).decoder.blocks[0].self_attn.fn
+    assert wide.scale == pytest.approx(1 / math.sqrt(HEAD_DIM))  # what attention multiplies by
+    with pytest.raises(ValueError, match=r"ModelConfig\.mup_base_head_dim=0: must be a positive"):
+        _fixed_head_cfg(64, 0)
+    with pytest.raises(ValueError, match="mup_base_head_dim=8 is only used with parametrization"):
+        ModelConfig(mup_base_head_dim=8)
 
 
 def test_parametrization_changes_neither_parameter_count_nor_flops() -> None:

@@ -286,3 +286,37 @@ def test_mup_sweep_refuses_the_inverse_width_rule_and_keeps_one_lr_with_fixed():
     for p in plan.points:
         assert ModelConfig.from_dict(BASE | mup | p.model_overrides).width_multiplier == \
             p.d_model / 32
+
+
+def test_mup_points_keep_the_family_head_dim_attention_scale_through_the_run_config(tmp_path):
+    """The family fixes head_dim and adds heads: µP's attention scale must stay 1/sqrt(head_dim)
+    at every width, whether mup comes from the base overrides or from a variant, and the point's
+    composed training config must build that model."""
+    from scalelab.config.compose import compose
+    from scalelab.config.spec import build_spec
+    from scalelab.scaling.base_run import BaseRun
+    from scalelab.scaling.point_config import point_overrides, write_point_config
+    from scalelab.scaling.sweep_settings import RunSettings
+
+    mup = {"parametrization": "mup", "mup_base_width": 32}
+    kw = {"budgets": [1e12, 3e12], "sizes_per_budget": 4, "size_span": 16.0, "lr_rule": "fixed",
+          "lr": 3e-3}
+    variant = {"variants": {f"model.{k}": [v] for k, v in mup.items()}}
+    for plan, base in ((make_plan(SweepSpec(**kw), FAMILY, BASE | mup, TPS), BASE | mup),
+                       (make_plan(SweepSpec(**kw | variant), FAMILY, BASE, TPS), BASE)):
+        assert len({p.n_heads for p in plan.points}) > 1
+        for p in plan.points:
+            cfg = ModelConfig.from_dict(base | p.model_overrides)
+            assert cfg.head_dim == 16 and cfg.attn_score_scale == pytest.approx(0.25)
+    p = plan.points[-1]
+    settings = RunSettings(name="t", train_overrides=[
+        "model=gpt2_tiny", "model.max_seq_len=128", "train.global_batch_size=16", "tokenizer=byte"])
+    run = BaseRun(cfg=None, model_fields=BASE, tokens_per_step=TPS, micro_batch=16,
+                  block_size=128, train_tokens=None, tracking_uri="sqlite:///x.db",
+                  artifact_root=None, root=tmp_path, accelerator="cpu")
+    ov = point_overrides(p, plan.spec, settings, run, tmp_path, "PARENT", "sweep_t")
+    write_point_config(tmp_path / "conf" / "sweep_point" / f"{p.name}.yaml", p, ov)
+    model = build_spec(compose("train", [*settings.train_overrides, f"+sweep_point={p.name}",
+                                         f"hydra.searchpath=[file://{tmp_path / 'conf'}]"])).model
+    assert model.parametrization == "mup" and model.d_model == p.d_model > 32
+    assert model.attn_score_scale == pytest.approx(0.25)

@@ -17,7 +17,6 @@ attention is the one place that needs B and T back, and the AttnContext carries 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -111,9 +110,9 @@ class _Attention(nn.Module):
         self.o_proj.residual_out = True  # type: ignore[assignment]  # scaled at init (GPT-2)
         self.dropout = cfg.dropout
         self.attention = ATTENTION_FUNCTIONS[cfg.attention]
-        # 1/sqrt(head_dim); under µP 1/sqrt(head_dim * m), the 1/head_dim law that keeps the
-        # logits O(1) as heads widen, equal to the standard scale at the base width (m = 1).
-        self.scale = 1.0 / math.sqrt(cfg.head_dim * cfg.width_multiplier)
+        # 1/sqrt(head_dim); under µP the 1/head_dim law that keeps the logits O(1) as heads
+        # widen (ModelConfig.attn_score_scale), equal to the standard scale at the base width.
+        self.scale = cfg.attn_score_scale
 
     def _make_projections(self, cfg: ModelConfig) -> None:
         raise NotImplementedError

@@ -10,6 +10,7 @@ preset's unlisted fields: the Hydra presets in ``conf/model/*.yaml`` list only w
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,11 +79,15 @@ class ModelConfig:
     # standard: the init above and one learning rate for every matrix. mup (µP, Yang et al.
     # 2022, "Tensor Programs V"): with m = d_model / mup_base_width, hidden matrices get
     # init std / sqrt(m) and lr / m (Adam), the logits are multiplied by 1/m and attention
-    # scores by 1/sqrt(head_dim * m) (the 1/head_dim law,
-    # equal to standard at the base width); an lr tuned at the base width then stays optimal as
-    # width grows.
+    # scores by sqrt(mup_base_head_dim) / head_dim (the 1/head_dim law, equal to standard at
+    # the base width); an lr tuned at the base width then stays optimal as width grows.
     parametrization: str = "standard"  # standard | mup
     mup_base_width: int | None = None  # mup: the d_model the lr was tuned at
+    # mup: head_dim of the model at mup_base_width. None -> mup_base_width / n_heads (heads fixed,
+    # head_dim grows with width: scores shrink as 1/sqrt(m)). A family that fixes head_dim and
+    # adds heads (the sweep's) sets its head_dim: the per-head dot product does not grow, so the
+    # scale stays 1/sqrt(head_dim) at every width.
+    mup_base_head_dim: int | None = None
 
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -154,10 +159,14 @@ class ModelConfig:
                     "ModelConfig.parametrization='mup' needs mup_base_width: the d_model at which "
                     "the learning rate was tuned (e.g. model.mup_base_width=128)")
             self._check_positive_int("mup_base_width")
-        elif self.mup_base_width is not None:
-            raise ValueError(
-                f"ModelConfig.mup_base_width={self.mup_base_width!r} is only used with "
-                "parametrization=mup; set model.parametrization=mup or drop it")
+            if self.mup_base_head_dim is not None:
+                self._check_positive_int("mup_base_head_dim")
+            return
+        for name in ("mup_base_width", "mup_base_head_dim"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"ModelConfig.{name}={getattr(self, name)!r} is only used with "
+                    "parametrization=mup; set model.parametrization=mup or drop it")
 
     def _check_positive_int(self, name: str) -> None:
         value = getattr(self, name)
@@ -198,6 +207,17 @@ class ModelConfig:
         if self.parametrization != "mup" or self.mup_base_width is None:
             return 1.0
         return self.d_model / self.mup_base_width
+
+    @property
+    def attn_score_scale(self) -> float:
+        """Multiplier of q.k in attention: 1/sqrt(head_dim); under µP sqrt(base_head_dim) /
+        head_dim, µP's 1/head_dim law with its constant set so that the base width gets the
+        standard scale. With n_heads fixed this is 1/sqrt(head_dim * m); with head_dim fixed
+        (base_head_dim = head_dim) it is the standard 1/sqrt(head_dim) at every width."""
+        if self.parametrization != "mup" or self.mup_base_width is None:
+            return 1.0 / math.sqrt(self.head_dim)
+        base = self.mup_base_head_dim or self.mup_base_width / self.n_heads
+        return math.sqrt(base) / self.head_dim
 
     @property
     def n_layers_total(self) -> int:

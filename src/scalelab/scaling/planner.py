@@ -52,6 +52,7 @@ def make_plan(
     points: list[PlanPoint] = []
     for label, assign in variant_grid(spec.variants):
         vmodel, vextra = split_variant(assign)
+        vmodel |= _mup_head_dim(family, base | vmodel)
         vbase = base | vmodel
         _check_mup_lr_rule(spec, vbase)
         if spec.mode == "isoflop":
@@ -115,6 +116,15 @@ def _check_mup_lr_rule(spec: SweepSpec, model: dict[str, Any]) -> None:
             "model.parametrization=mup scales the hidden matrices' lr by mup_base_width/d_model "
             "itself; set sweep.lr_rule=fixed (sweep.lr is then the lr tuned at "
             "model.mup_base_width)")
+
+
+def _mup_head_dim(family: FamilyConfig, model: dict[str, Any]) -> dict[str, Any]:
+    """The family fixes head_dim and adds heads, so µP's base model had that head_dim too; it
+    goes into every point's model keys, so the attention scale stays 1/sqrt(head_dim) at every
+    width instead of ModelConfig's default (n_heads fixed: scores shrink with width)."""
+    if model.get("parametrization") == "mup" and model.get("mup_base_head_dim") is None:
+        return {"mup_base_head_dim": family.head_dim}
+    return {}
 
 
 def _point(cfg: ModelConfig, budget: float, tokens: float, tps: int, variant: str,
