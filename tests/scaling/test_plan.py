@@ -320,3 +320,14 @@ def test_mup_points_keep_the_family_head_dim_attention_scale_through_the_run_con
                                          f"hydra.searchpath=[file://{tmp_path / 'conf'}]"])).model
     assert model.parametrization == "mup" and model.d_model == p.d_model > 32
     assert model.attn_score_scale == pytest.approx(0.25)
+
+
+def test_base_model_fields_at_their_defaults_keep_the_point_hashes():
+    """A field added to ModelConfig later, at a default that keeps the old model, must not
+    retrain a finished sweep: defaults stay out of a point's id; a changed value does not."""
+    spec = SweepSpec(budgets=[1e12], sizes_per_budget=3, size_span=4.0)
+    ids = [p.point_id for p in make_plan(spec, FAMILY, BASE, TPS).points]
+    at_defaults = BASE | {"mup_base_head_dim": None, "parametrization": "standard", "dropout": 0.0}
+    assert [p.point_id for p in make_plan(spec, FAMILY, at_defaults, TPS).points] == ids
+    changed = BASE | {"dropout": 0.1}
+    assert not set(p.point_id for p in make_plan(spec, FAMILY, changed, TPS).points) & set(ids)

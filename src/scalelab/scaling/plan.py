@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.data.files import atomic_write_json, atomic_write_text
+from scalelab.model.config import ModelConfig
 from scalelab.training.schedules import wsd_decay_start
 
 from .laws import law_value
@@ -251,13 +252,21 @@ def point_hash(payload: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+# ModelConfig's defaults: a base-model field at its default stays out of a point's hash, so a
+# field added to ModelConfig later (at a default that keeps the old model) keeps every id
+_MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                   if f.default is not dataclasses.MISSING}
+
+
 def _point_payload(p: PlanPoint, plan: Plan) -> dict[str, Any]:
     spec = plan.spec
+    base = {k: v for k, v in plan.base_model.items()
+            if k not in _MODEL_DEFAULTS or v != _MODEL_DEFAULTS[k]}
     payload = {"model": p.model_overrides, "extra": p.extra_overrides,
                "tokens": p.tokens, "lr": p.lr, "warmup": p.warmup_steps,
                "min_lr_ratio": spec.min_lr_ratio,
                "beta2": spec.beta2 if p.beta2 is None else p.beta2,
-               "base_model": plan.base_model, "identity": plan.identity}
+               "base_model": base, "identity": plan.identity}
     if p.tokens_per_step != plan.tokens_per_step:  # only then: other points keep their hashes
         payload["tokens_per_step"] = p.tokens_per_step
     if spec.wsd:  # only then: a cosine sweep's ids do not depend on the WSD keys
