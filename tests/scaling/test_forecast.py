@@ -118,3 +118,22 @@ def test_each_form_recovers_its_own_law():
     cv = cross_validate(point_means(runs), "matmul")
     assert cv["chinchilla"] < 1e-4  # noise-free: the true form predicts unseen budgets exactly
     assert cv["kaplan"] > 10 * cv["chinchilla"]
+
+
+def test_the_interval_grows_with_the_distance_of_the_forecast():
+    """A frontier that steepens (the study's small budgets lag the law): the forward
+    extrapolation error is measured, and the 100x interval is wider than the 10x one by more
+    than the bootstrap alone makes it."""
+    rows = []
+    for c in (4e9, 1e10, 2.5e10, 6.3e10, 1.6e11):
+        n_opt = 0.05 * c**0.5
+        l_opt = 3.0 * (c / 4e9) ** (-0.06 - 0.02 * np.log10(c / 4e9))  # local slope steepens
+        for i, n in enumerate(np.geomspace(n_opt / 4, n_opt * 4, 5)):
+            shape = family_shape(float(n))
+            rows.append(shape | {"budget": c, "D": c / shape["flops_per_token"],
+                                 "loss": l_opt + 0.03 * np.log(n / n_opt) ** 2,
+                                 "group_id": f"{c}-{i}", "replicate": 0, "stage": "main"})
+    fc = make_forecast(pd.DataFrame(rows), [10, 100], family_shape, n_boot=10)
+    assert fc.per_decade > 0.005
+    (near, far) = (t.runs[0] for t in fc.targets)
+    assert (far.loss_hi - far.loss_lo) / far.loss_pred > 1.8 * (near.loss_hi - near.loss_lo) / near.loss_pred

@@ -11,8 +11,11 @@ For each target budget C (exact FLOPs, as the study's budgets):
    train are the family's shapes nearest N*, 2 N* and N*/2 at D = C / FLOPs per token.
 4. Each run's loss is forecast as the kept forms' mean. Its 95 % interval is the envelope of
    the kept forms' bootstrap intervals (the points' seeds resampled) over all four
-   conventions, widened in quadrature by the kept forms' cross-validation error (what they
-   miss on a budget they did not see) and by one run's seed noise (the outcome is one seed).
+   conventions, widened in quadrature by the forms' own error and by one run's seed noise (the
+   outcome is one seed). The forms' error is the larger of their cross-validation error (what
+   they miss on a budget they did not see) and the forecast's forward extrapolation error per
+   decade (the kept forms fitted below each budget, their mean scored on it) times the decades
+   to the target: an error that grows with the distance of the forecast.
 
 Pure numpy/pandas: the sweep (scaling/forecast_stage.py) supplies the shapes.
 """
@@ -77,6 +80,7 @@ class Forecast:
     run_sd: float  # one run's relative seed noise (median over the points)
     n_convention: str
     notes: list[str] = field(default_factory=list)
+    per_decade: float = 0.0  # the forecast's forward extrapolation error per decade of compute
 
 
 def point_means(runs: pd.DataFrame) -> pd.DataFrame:
@@ -171,6 +175,25 @@ def cross_validate(means: pd.DataFrame, convention: str) -> dict[str, float]:
     return out
 
 
+def extrapolation_error(means: pd.DataFrame, convention: str, forms: list[str]) -> float:
+    """The forecast's error per decade of extrapolation: the kept forms fitted to the budgets
+    below each budget in turn (forward, as a forecast is made), their mean scored on that
+    budget's best points, each error divided by its distance in decades of compute; rms over
+    the budgets. 0 when too few budgets allow it."""
+    pts = convention_points(means, convention)
+    budgets = sorted(pts["budget"].unique())
+    rates: list[float] = []
+    for k in range(2, len(budgets)):
+        below = pts[pts["budget"] < budgets[k]]
+        fitted = [f for f in (fit_form(name, below) for name in forms) if f is not None]
+        if not fitted:
+            continue
+        best = pts[pts["budget"] == budgets[k]].nsmallest(CV_POINTS, "loss")
+        pred = np.mean([f.loss(best["n"], best["d"], best["c"]) for f in fitted], axis=0)
+        rates += list((pred / best["loss"] - 1.0) / math.log10(budgets[k] / budgets[k - 1]))
+    return float(np.sqrt(np.mean(np.square(rates)))) if rates else 0.0
+
+
 def kept_forms(cv: dict[str, float]) -> list[str]:
     best = min(cv.values())
     if not math.isfinite(best):
@@ -221,11 +244,12 @@ def make_forecast(runs: pd.DataFrame, multiples: list[float], shape_of: Callable
             if got is not None:
                 boots[(f, c)].append(got)
     widen = max((cv[f] for f in kept if math.isfinite(cv[f])), default=0.0)
+    per_decade = extrapolation_error(means, n_convention, kept)
     run_sd = run_noise(means)
     top = float(means["budget"].max())
-    targets = [_target(m, m * top, fits, boots, kept, maps, shape_of, n_convention, widen, run_sd, ci)
-               for m in multiples]
-    return Forecast(targets, cv, kept, run_sd, n_convention, notes)
+    targets = [_target(m, m * top, fits, boots, kept, maps, shape_of, n_convention,
+                       max(widen, per_decade * math.log10(m)), run_sd, ci) for m in multiples]
+    return Forecast(targets, cv, kept, run_sd, n_convention, notes, per_decade)
 
 
 def _target(multiple: float, budget: float, fits: dict, boots: dict, kept: list[str],
