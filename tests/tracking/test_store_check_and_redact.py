@@ -92,5 +92,5 @@ def test_a_multirun_parent_keeps_its_worst_jobs_outcome(tmp_path: Path, train_cl
     parent = client.create_run(client.create_experiment("x")).info.run_id
     for job_status, shown in [("FINISHED", "FINISHED"), ("FAILED", "FAILED"),
                               ("FINISHED", "FAILED"), ("KILLED", "FAILED")]:
-        record_job_outcome(client, parent, job_status)  # jobs ending one after another
+        record_job_outcome(client, parent, job_status, tmp_path)  # jobs ending one after another
         assert client.get_run(parent).info.status == shown

@@ -93,6 +93,7 @@ def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None,
     )
     if multirun_parent:
         tracker.multirun_parent_id = multirun_parent
+        tracker.multirun_dir = Path(HydraConfig.get().sweep.dir)
     return tracker
 
 

@@ -95,6 +95,7 @@ class Tracker(StatusGuarded):
         self._system_monitor: Any = None
         self._ended = False
         self.multirun_parent_id: str | None = None  # set for --multirun jobs (tracking/multirun.py)
+        self.multirun_dir: Path | None = None  # their multirun folder (holds the status lock)
 
     # --- creation ------------------------------------------------------------------------
     @classmethod
@@ -215,11 +216,11 @@ class Tracker(StatusGuarded):
             with contextlib.suppress(Exception):
                 self._system_monitor.finish()
         RunStatus.from_string(status)  # validates the name
-        if self.multirun_parent_id:  # the multirun's parent shows its worst job's outcome
+        if self.multirun_parent_id and self.multirun_dir:  # the parent shows its worst job's outcome
             from scalelab.tracking.parent_status import record_job_outcome
 
             with contextlib.suppress(Exception):
-                record_job_outcome(self.client, self.multirun_parent_id, status)
+                record_job_outcome(self.client, self.multirun_parent_id, status, self.multirun_dir)
         # a KILLED run is usually on a grace period (docker 10 s, SLURM/k8s 30 s): wait less
         wait = self.outage_wait_s if status != "KILLED" else min(self.outage_wait_s, 10.0)
         try:
