@@ -1,7 +1,8 @@
 """Hydra's own copies of the config (``<run folder>/.hydra/{config,hydra,overrides}.yaml`` and a
 multirun's ``multirun.yaml``) hold every override as typed, a password in a URI included
 (``logger.tracking_uri=http://u:pw@host``). This Hydra callback rewrites them redacted
-(tracking/redact.py) as each job starts, before the task runs.
+(tracking/redact.py) as each job starts, before the task runs; the job's overrides that Hydra
+prints when a job failed are redacted as it ends.
 
 Nothing reads a secret back from these copies: a ``resume=true`` takes its tracking URI from
 the command (or ``$MLFLOW_TRACKING_URI``), and its comparison with the stored config
@@ -14,6 +15,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
@@ -44,6 +46,10 @@ class RedactedConfigCopies(Callback):
                 redact_file(folder / name)
         if hydra.mode is not None and str(hydra.mode).endswith("MULTIRUN"):
             redact_file(Path(str(hydra.sweep.dir)) / MULTIRUN_COPY)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        # Hydra's report of a failed job prints these ("Error executing job with overrides")
+        job_return.overrides = [redact(o) for o in job_return.overrides or []]
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         redact_file(Path(str(config.hydra.sweep.dir)) / MULTIRUN_COPY)  # a sweeper's late rewrite

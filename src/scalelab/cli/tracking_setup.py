@@ -40,14 +40,15 @@ def probe_tracking(spec: RunSpec, uri: str | None) -> None:
     check_sqlite_store(uri)
 
 
-def record_refused_multirun_job(cfg: DictConfig) -> None:
+def record_refused_multirun_job(cfg: DictConfig) -> bool:
     """A ``--multirun`` job refused before it had an MLflow run still marks the multirun's
-    parent FAILED (best effort: a store that is itself the problem is left alone)."""
+    parent FAILED (best effort: a store that is itself the problem is left alone). True if the
+    parent now says FAILED."""
     import contextlib
 
     logger = cfg.get("logger") or {}
     if logger.get("backend") != "mlflow" or logger.get("parent_run_id"):
-        return  # not tracked, or a scaling sweep's point (the sweep reports it)
+        return False  # not tracked, or a scaling sweep's point (the sweep reports it)
     from scalelab.tracking.multirun import record_refused_job
     from scalelab.tracking.store import resolve_tracking_uri
     from scalelab.tracking.store_check import check_sqlite_store
@@ -58,6 +59,8 @@ def record_refused_multirun_job(cfg: DictConfig) -> None:
         record_refused_job(uri, str(logger.get("experiment_name")),
                            Path(HydraConfig.get().sweep.dir), f"{cfg.run_name} (multirun)",
                            logger.get("artifact_root"))
+        return True
+    return False
 
 
 def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None,
