@@ -34,10 +34,15 @@ def probe_tracking(spec: RunSpec, uri: str | None) -> None:
     if uri is None:
         return
     from scalelab.tracking.store import probe
-    from scalelab.tracking.store_check import check_sqlite_store
+    from scalelab.tracking.store_check import check_sqlite_store, sqlite_path
 
     probe(uri, timeout=float(spec.logger.probe_timeout))
     check_sqlite_store(uri)
+    db = sqlite_path(uri)
+    if db is not None and db.exists():  # deeper damage shows as MLflow opens it: now, not later
+        from scalelab.tracking.run import client_for
+
+        client_for(uri)  # kept open for the run (one client per store and process)
 
 
 def record_refused_multirun_job(cfg: DictConfig) -> bool:

@@ -33,6 +33,7 @@ from scalelab.tracking.store import (
     remote_env_defaults,
     sqlite_init_lock,
 )
+from scalelab.tracking.store_check import damaged_store
 
 log = logging.getLogger(__name__)
 MAX_PARAM_LEN = 6000  # mlflow's limit for a param value
@@ -52,9 +53,15 @@ logging.getLogger("mlflow.utils.async_logging").setLevel(logging.CRITICAL)
 def client_for(tracking_uri: str) -> MlflowClient:
     """One client per store and process: a multirun's later jobs reuse the open store. A new
     SQLite store is created and migrated here, once, under a lock (parallel sweep jobs)."""
-    with sqlite_init_lock(tracking_uri):
-        client = MlflowClient(tracking_uri=tracking_uri)
-        client.search_experiments(max_results=1)
+    try:
+        with sqlite_init_lock(tracking_uri):
+            client = MlflowClient(tracking_uri=tracking_uri)
+            client.search_experiments(max_results=1)
+    except Exception as e:  # a damaged mlruns.db: one line naming it and the fix
+        damaged = damaged_store(tracking_uri, e)
+        if damaged is None:
+            raise
+        raise damaged from None
     return client
 
 
