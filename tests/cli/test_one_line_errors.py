@@ -72,9 +72,22 @@ def test_out_of_memory_is_one_line_and_the_run_is_failed(tmp_path: Path, train_c
 @pytest.mark.slow
 def test_a_multirun_with_refused_jobs_marks_its_parent_failed(tmp_path: Path, train_cli) -> None:
     args = [a for a in [*TINY, *train_cli.isolated(tmp_path)] if not a.startswith("model.n_layers")]
-    r = train_cli.run("-m", *args, "model.n_layers=0,-1", f"paths.root={tmp_path}", "run_name=mr")
+    r = train_cli.run("-m", *args, "model.n_layers=0,-1", f"paths.root={tmp_path}", "run_name=mr",
+                      "+tags.db=postgresql://bob:hunter2@db.example/runs",
+                      env=train_cli.env(HYDRA_FULL_ERROR="0"))  # Hydra's report as a user sees it
     assert r.returncode != 0
     assert _runs(tmp_path / "mlruns.db") == [("mr (multirun)", "FAILED")]
+    # the failed job is one line saying what was recorded, not Hydra's traceback
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "n_layers=0" in errors[0], r.stderr[-3000:]
+    assert "job 0 was refused before its run started" in errors[0]
+    assert "parent run 'mr (multirun)' is FAILED" in errors[0]
+    assert "Error executing job" in r.stderr and "hunter2" not in r.stdout + r.stderr
+    # Hydra's copies of the multirun's config keep no password (cli/hydra_copies.py)
+    copies = list((tmp_path / "multirun").rglob("*.yaml"))
+    assert any(p.name == "multirun.yaml" for p in copies)
+    assert not [p for p in copies if "hunter2" in p.read_text()]
 
 
 @pytest.mark.parametrize(("main", "args", "needle"), [

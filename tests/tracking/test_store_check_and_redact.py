@@ -92,5 +92,29 @@ def test_a_multirun_parent_keeps_its_worst_jobs_outcome(tmp_path: Path, train_cl
     parent = client.create_run(client.create_experiment("x")).info.run_id
     for job_status, shown in [("FINISHED", "FINISHED"), ("FAILED", "FAILED"),
                               ("FINISHED", "FAILED"), ("KILLED", "FAILED")]:
-        record_job_outcome(client, parent, job_status)  # jobs ending one after another
+        record_job_outcome(client, parent, job_status, tmp_path)  # jobs ending one after another
         assert client.get_run(parent).info.status == shown
+
+
+def test_deeper_damage_is_one_line_where_the_run_opens_the_store(tmp_path: Path, train_cli) -> None:
+    import sqlite3
+
+    from scalelab.cli.tracking_setup import probe_tracking
+    from scalelab.config.compose import compose
+    from scalelab.config.spec import build_spec
+
+    db = _store(tmp_path, train_cli)
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        page = c.execute("PRAGMA page_size").fetchone()[0]
+        root = c.execute("SELECT rootpage FROM sqlite_master WHERE name='experiments'").fetchone()[0]
+    with db.open("r+b") as f:  # one garbled table page: header and schema still read fine
+        f.seek((root - 1) * page)
+        f.write(b"\xff" * page)
+    uri = f"sqlite:///{db}"
+    check_sqlite_store(uri)  # the cheap check at every start does not see it...
+    spec = build_spec(compose("train", [f"logger.tracking_uri={uri}", f"paths.root={tmp_path}"]))
+    with pytest.raises(StoreUnusable) as e:  # ...the run's checks open the store: one line
+        probe_tracking(spec, uri)
+    msg = str(e.value)
+    assert f"{db} is damaged" in msg and "malformed" in msg and f"{db}.broken" in msg
+    assert "\n" not in msg

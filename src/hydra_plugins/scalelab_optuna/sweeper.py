@@ -21,6 +21,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from hydra.core.plugins import Plugins
+from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
@@ -98,7 +99,9 @@ class OptunaSweeper(Sweeper):
             try:
                 value = ret.return_value  # re-raises the job's error
             except Exception as e:
-                print(f"[optuna] trial {trial.number} failed: {type(e).__name__}: {e}", flush=True)
+                # a bad input is already one line (cli/job_failure.py); anything else: its type
+                why = str(e) if isinstance(e, CompactHydraException) else f"{type(e).__name__}: {e}"
+                print(f"[optuna] trial {trial.number} failed: {why}", flush=True)
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 continue
             if trial.number in PRUNED:

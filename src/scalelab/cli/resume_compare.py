@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from scalelab.config.spec import RunSpec
+from scalelab.tracking.redact import redact
 from scalelab.training.schedules import Segments, extended_segments, planned_end
 
 log = logging.getLogger("scalelab.train")
@@ -47,6 +48,15 @@ def differences(stored: Any, requested: Any, prefix: str = "") -> list[tuple[str
     for k in sorted(stored.keys() | requested.keys(), key=str):
         out += differences(stored.get(k, _ABSENT), requested.get(k, _ABSENT), f"{prefix}{k}.")
     return out
+
+
+def _redacted(tree: Any) -> Any:
+    """``tree`` with every string's URI password as ``***`` (tracking/redact.py)."""
+    if isinstance(tree, dict):
+        return {k: _redacted(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_redacted(v) for v in tree]
+    return redact(tree) if isinstance(tree, str) else tree
 
 
 def _free(key: str) -> bool:
@@ -85,7 +95,8 @@ def check_same_run(out_dir: Path, requested: dict[str, Any], spec: RunSpec,
     segments = [(int(a), int(b)) for a, b in ckpt_meta.get("lr_segments") or []]
     stored = stored_config(out_dir)
     if stored is not None:
-        diffs = [d for d in differences(stored, requested) if not _free(d[0])]
+        # Hydra's copy holds URI passwords as *** (cli/hydra_copies.py): compare both redacted
+        diffs = [d for d in differences(_redacted(stored), _redacted(requested)) if not _free(d[0])]
         changed = [d for d in diffs if d[0] not in LENGTH]
         if changed:
             listed = "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, a, b in changed)

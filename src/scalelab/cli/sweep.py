@@ -31,6 +31,7 @@ from scalelab.cli.sweep_estimate import (
 )
 from scalelab.cli.sweep_fit import fit_and_report
 from scalelab.cli.sweep_plan import fmt_seconds, print_plan
+from scalelab.config.user_conf import check_user_config_folders
 from scalelab.data.files import atomic_write_text, exclusive_folder
 from scalelab.tracking.redact import redact
 
@@ -110,6 +111,7 @@ def run(argv: list[str]) -> int:
     # a wide table even when stdout is a file or a pipe (rich would wrap at 80 columns)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     t_start = time.time()
+    check_user_config_folders(args.overrides)  # a YAML error: one line, before any planning
     sweep_ov, train_ov, variants, launch_ov = split_overrides(args.overrides)
     try:
         cfg = compose("sweep", sweep_ov)

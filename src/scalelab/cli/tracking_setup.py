@@ -34,20 +34,26 @@ def probe_tracking(spec: RunSpec, uri: str | None) -> None:
     if uri is None:
         return
     from scalelab.tracking.store import probe
-    from scalelab.tracking.store_check import check_sqlite_store
+    from scalelab.tracking.store_check import check_sqlite_store, sqlite_path
 
     probe(uri, timeout=float(spec.logger.probe_timeout))
     check_sqlite_store(uri)
+    db = sqlite_path(uri)
+    if db is not None and db.exists():  # deeper damage shows as MLflow opens it: now, not later
+        from scalelab.tracking.run import client_for
+
+        client_for(uri)  # kept open for the run (one client per store and process)
 
 
-def record_refused_multirun_job(cfg: DictConfig) -> None:
+def record_refused_multirun_job(cfg: DictConfig) -> bool:
     """A ``--multirun`` job refused before it had an MLflow run still marks the multirun's
-    parent FAILED (best effort: a store that is itself the problem is left alone)."""
+    parent FAILED (best effort: a store that is itself the problem is left alone). True if the
+    parent now says FAILED."""
     import contextlib
 
     logger = cfg.get("logger") or {}
     if logger.get("backend") != "mlflow" or logger.get("parent_run_id"):
-        return  # not tracked, or a scaling sweep's point (the sweep reports it)
+        return False  # not tracked, or a scaling sweep's point (the sweep reports it)
     from scalelab.tracking.multirun import record_refused_job
     from scalelab.tracking.store import resolve_tracking_uri
     from scalelab.tracking.store_check import check_sqlite_store
@@ -58,6 +64,8 @@ def record_refused_multirun_job(cfg: DictConfig) -> None:
         record_refused_job(uri, str(logger.get("experiment_name")),
                            Path(HydraConfig.get().sweep.dir), f"{cfg.run_name} (multirun)",
                            logger.get("artifact_root"))
+        return True
+    return False
 
 
 def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None,
@@ -93,6 +101,7 @@ def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None,
     )
     if multirun_parent:
         tracker.multirun_parent_id = multirun_parent
+        tracker.multirun_dir = Path(HydraConfig.get().sweep.dir)
     return tracker
 
 

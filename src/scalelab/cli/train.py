@@ -75,16 +75,16 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     try:
         summary = train(cfg)
     except (ValueError, OSError, TrackingServerUnreachable) as e:
-        # Config and input errors: one clear line instead of a traceback (single runs only:
-        # in a --multirun the launcher records the failure and goes on with the other points).
+        # Config and input errors: one clear line instead of a traceback (in a --multirun the
+        # launcher records the job FAILED, goes on with the other points, then prints the line).
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
-        if is_global_zero():
-            from scalelab.cli.tracking_setup import record_refused_multirun_job
+        from scalelab.cli.job_failure import job_failed
+        from scalelab.cli.tracking_setup import record_refused_multirun_job
 
-            record_refused_multirun_job(cfg)
-        raise
+        parent_failed = is_global_zero() and record_refused_multirun_job(cfg)
+        raise job_failed(cfg, e, parent_failed) from None  # cli/job_failure.py
     except (MemoryError, RuntimeError) as e:
         # out of memory (host or GPU): the run is recorded FAILED; the user gets one line
         if not _out_of_memory(e) or not HydraConfig.initialized() \

@@ -3,8 +3,8 @@
 The parent is found through ``<sweep dir>/mlflow_parent_run_id``: the first job creates the
 run and writes the file under a lock, later jobs (sequential, or parallel joblib processes)
 read it. Each job that ends sets the parent's status to the worst outcome so far (FAILED over
-KILLED over FINISHED), so one failed job, even one refused before it had a run, leaves the
-parent FAILED.
+KILLED over FINISHED), one job at a time (tracking/parent_status.py), so one failed job, even
+one refused before it had a run, leaves the parent FAILED.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from scalelab.data.files import locked
+from scalelab.tracking.parent_status import record_job_outcome
 from scalelab.tracking.run import client_for, get_or_create_experiment
 
 PARENT_FILE = "mlflow_parent_run_id"
@@ -39,4 +40,4 @@ def record_refused_job(tracking_uri: str, experiment_name: str, sweep_dir: Path,
     """A job that failed before it had an MLflow run (a bad config value) marks the parent
     FAILED, creating the parent if this was the first job."""
     parent = parent_run_id(tracking_uri, experiment_name, sweep_dir, name, artifact_root)
-    client_for(tracking_uri).set_terminated(parent, "FAILED")
+    record_job_outcome(client_for(tracking_uri), parent, "FAILED", sweep_dir)

@@ -33,6 +33,7 @@ from scalelab.tracking.store import (
     remote_env_defaults,
     sqlite_init_lock,
 )
+from scalelab.tracking.store_check import damaged_store
 
 log = logging.getLogger(__name__)
 MAX_PARAM_LEN = 6000  # mlflow's limit for a param value
@@ -52,9 +53,15 @@ logging.getLogger("mlflow.utils.async_logging").setLevel(logging.CRITICAL)
 def client_for(tracking_uri: str) -> MlflowClient:
     """One client per store and process: a multirun's later jobs reuse the open store. A new
     SQLite store is created and migrated here, once, under a lock (parallel sweep jobs)."""
-    with sqlite_init_lock(tracking_uri):
-        client = MlflowClient(tracking_uri=tracking_uri)
-        client.search_experiments(max_results=1)
+    try:
+        with sqlite_init_lock(tracking_uri):
+            client = MlflowClient(tracking_uri=tracking_uri)
+            client.search_experiments(max_results=1)
+    except Exception as e:  # a damaged mlruns.db: one line naming it and the fix
+        damaged = damaged_store(tracking_uri, e)
+        if damaged is None:
+            raise
+        raise damaged from None
     return client
 
 
@@ -95,6 +102,7 @@ class Tracker(StatusGuarded):
         self._system_monitor: Any = None
         self._ended = False
         self.multirun_parent_id: str | None = None  # set for --multirun jobs (tracking/multirun.py)
+        self.multirun_dir: Path | None = None  # their multirun folder (holds the status lock)
 
     # --- creation ------------------------------------------------------------------------
     @classmethod
@@ -215,11 +223,11 @@ class Tracker(StatusGuarded):
             with contextlib.suppress(Exception):
                 self._system_monitor.finish()
         RunStatus.from_string(status)  # validates the name
-        if self.multirun_parent_id:  # the multirun's parent shows its worst job's outcome
+        if self.multirun_parent_id and self.multirun_dir:  # the parent shows its worst job's outcome
             from scalelab.tracking.parent_status import record_job_outcome
 
             with contextlib.suppress(Exception):
-                record_job_outcome(self.client, self.multirun_parent_id, status)
+                record_job_outcome(self.client, self.multirun_parent_id, status, self.multirun_dir)
         # a KILLED run is usually on a grace period (docker 10 s, SLURM/k8s 30 s): wait less
         wait = self.outage_wait_s if status != "KILLED" else min(self.outage_wait_s, 10.0)
         try:

@@ -3,7 +3,9 @@ read-only file is one line naming it and the fix instead of a SQLAlchemy traceba
 
 Cheap on any size: the SQLite header (magic string, page size, page count) says whether the
 file is a database and whether it was cut short; one read of the schema finds a garbled
-first page. (Deeper damage is still caught where MLflow opens it, in tracking/run.py.)
+first page. Deeper damage (a garbled table page) shows when MLflow opens the store
+(``tracking.run.client_for``, called in the run's checks): :func:`damaged_store` turns SQLite's
+"malformed" error there into the same one line, without reading the whole file at each start.
 """
 
 from __future__ import annotations
@@ -68,4 +70,31 @@ def _header_problem(path: Path) -> str | None:
     valid = int.from_bytes(head[24:28], "big") == int.from_bytes(head[92:96], "big")
     if valid and pages and size < pages * page_size:
         return f"truncated ({size:,} of {pages * page_size:,} bytes)"
+    return None
+
+
+def damaged_store(uri: str, error: BaseException) -> StoreUnusable | None:
+    """The one-line error for ``error``, raised while MLflow opened the SQLite store of ``uri``,
+    if SQLite said the file is damaged (None: another error, left as it is)."""
+    path = sqlite_path(uri)
+    cause = _sqlite_damage(error)
+    if path is None or cause is None:
+        return None
+    return StoreUnusable(f"logger.tracking_uri={redact(uri)}: {path} is damaged (SQLite: "
+                         f"{cause}); {_FIX.format(p=path)}")
+
+
+def _sqlite_damage(error: BaseException | None) -> sqlite3.DatabaseError | None:
+    """SQLite's own DatabaseError ("database disk image is malformed", "file is not a
+    database") behind ``error``, through MLflow's and SQLAlchemy's wrappers. Its subclasses
+    (OperationalError: locked, read-only; IntegrityError) are not damage."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error) is sqlite3.DatabaseError:
+            return error
+        orig = getattr(error, "orig", None)  # SQLAlchemy keeps the DBAPI error here
+        if type(orig) is sqlite3.DatabaseError:
+            return orig
+        error = error.__cause__ or error.__context__
     return None
