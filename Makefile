@@ -35,8 +35,15 @@ install: $(STAMP) ## Create .venv and install scalelab with its dev, hf and clus
 test: $(STAMP) ## Run the fast tests
 	$(PY) -m pytest $(PYTEST_PAR) -m "not slow" $(PYTEST_ARGS)
 
-test-all: $(STAMP) ## Run every test, slow ones included (what CI runs)
+test-all: $(STAMP) test-deps ## Run every test, slow ones included (what CI runs)
 	$(PY) -m pytest $(PYTEST_PAR) $(PYTEST_ARGS)
+
+test-deps: ## System packages the tests use: chromium (the UI's browser tests; apt-get, as root)
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } \
+	      >/tmp/scalelab-test-deps.log 2>&1 || echo "apt-get install chromium failed (see /tmp/scalelab-test-deps.log): the browser tests will skip"; \
+	  else echo "no chromium: the browser tests will skip (install it: apt-get install chromium)"; fi; }
 
 lint: $(STAMP) ## ruff check
 	$(VENV)/bin/ruff check src tests benchmarks scripts
@@ -90,4 +97,4 @@ clean-runs: ## Delete outputs/ and multirun/ (run folders, checkpoints included)
 	if [ "$(YES)" = 1 ]; then a=y; else read -r -p "delete them? [y/N] " a || a=n; fi; \
 	if [ "$$a" = y ]; then rm -rf outputs multirun && echo deleted; else echo "nothing deleted"; fi
 
-.PHONY: help install test test-all lint format model-summary data train ui sweep-plan sweep fit bench gpu-check cluster-up cluster-down clean clean-runs
+.PHONY: help install test test-all test-deps lint format model-summary data train ui sweep-plan sweep fit bench gpu-check cluster-up cluster-down clean clean-runs

@@ -1,5 +1,9 @@
 """Every named experiment (conf/experiment/*.yaml) runs short: `debug=limit` and
-`debug=fast_dev_run` train each one for real (Lightning fit, checkpoint, summary).
+`debug=fast_dev_run` train each one for real (Lightning fit, checkpoint, summary). So does every
+model preset small enough for a CPU (conf/model/*.yaml under 5M parameters): the experiments
+train most of them; the rest train here as they are, under `debug=limit`. The large presets
+(gpt2, bert_base, transformer_base, llama_7b, gpt3) are built on torch's meta device and counted
+against their recorded and published sizes instead (tests/model/test_presets.py).
 
 One subprocess trains them all in turn (one interpreter start instead of one per experiment);
 each experiment is then its own test case. Runs are shrunk further (3 steps, 4 sequences) so the
@@ -18,6 +22,23 @@ import pytest
 from scalelab.paths import conf_dir
 
 EXPERIMENTS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
+
+
+def _experiment_model(name: str) -> str:
+    """The model preset an experiment trains (its `override /model:` default)."""
+    text = (conf_dir() / "experiment" / f"{name}.yaml").read_text()
+    return text.split("override /model:", 1)[1].split()[0]
+
+
+def _cpu_presets() -> list[str]:
+    from scalelab.model.presets import PRESETS, preset, preset_dict
+
+    return sorted(n for n in PRESETS
+                  if preset(n, vocab_size=preset_dict(n)["vocab_size"] or 65).n_params() < 5e6)
+
+
+# the CPU-sized presets no experiment trains: trained here as they are
+PRESETS_HERE = sorted(set(_cpu_presets()) - {_experiment_model(e) for e in EXPERIMENTS})
 SHRINK = ["train.max_steps=3", "train.val_every=2", "train.val_batches=1",
           "train.global_batch_size=4", "callbacks.sample.max_new_tokens=4",
           "data.max_bytes=400000", "logger=none", "trainer.enable_progress_bar=false"]
@@ -26,13 +47,13 @@ SCRIPT = """
 import json, sys
 from scalelab.cli.train import train
 from scalelab.config.compose import compose
-for name, debug, overrides in json.loads(sys.argv[1]):
+for key, overrides in json.loads(sys.argv[1]):
     try:
-        summary = train(compose("train", [f"+experiment={name}", f"debug={debug}", *overrides]))
+        summary = train(compose("train", overrides))
         row = {"status": summary.get("status"), "steps": summary["metrics"].get("final/steps")}
     except BaseException as e:
         row = {"error": f"{type(e).__name__}: {e}"}
-    print("RESULT " + json.dumps({"key": f"{name}/{debug}", **row}), flush=True)
+    print("RESULT " + json.dumps({"key": key, **row}), flush=True)
 """
 
 
@@ -45,8 +66,14 @@ def results(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path,
         extra = [f"data.path={shared_data_dir / 'tinyshakespeare.txt'}"] \
             if name == "shakespeare_char" else []
         for debug in ("limit", "fast_dev_run"):
-            jobs.append([name, debug, [*SHRINK, *extra, f"paths.data_dir={train_cli.data_dir()}",
-                                       f"paths.output_dir={tmp / name / debug}"]])
+            jobs.append([f"{name}/{debug}", [
+                f"+experiment={name}", f"debug={debug}", *SHRINK, *extra,
+                f"paths.data_dir={train_cli.data_dir()}", f"paths.output_dir={tmp / name / debug}"]])
+    for name in PRESETS_HERE:
+        data = ["data=synthetic_seq2seq"] if name.startswith("transformer") else []
+        jobs.append([f"model={name}", [
+            f"model={name}", "debug=limit", *data, *SHRINK,
+            f"paths.data_dir={train_cli.data_dir()}", f"paths.output_dir={tmp / 'model' / name}"]])
     r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(jobs)], env=train_cli.env(),
                        cwd=tmp, capture_output=True, text=True, timeout=600)
     rows = [json.loads(line[7:]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
@@ -59,3 +86,12 @@ def test_every_experiment_runs_short(name: str, results: dict[str, dict]) -> Non
     limit, fast = results[f"{name}/limit"], results[f"{name}/fast_dev_run"]
     assert limit.get("status") == "FINISHED" and limit["steps"] == 3, limit
     assert fast.get("status") == "FINISHED" and fast["steps"] == 1, fast
+
+
+def test_every_cpu_sized_model_preset_trains(results: dict[str, dict]) -> None:
+    """Each preset under 5M parameters trains: through its experiment, or here as it is."""
+    trained = {_experiment_model(e): e for e in EXPERIMENTS}
+    assert set(_cpu_presets()) == set(trained) | set(PRESETS_HERE)
+    for name in _cpu_presets():
+        row = results[f"{trained[name]}/limit" if name in trained else f"model={name}"]
+        assert row.get("status") == "FINISHED" and row["steps"] == 3, (name, row)

@@ -83,3 +83,12 @@ def test_a_killed_search_resumes_under_one_parent(tmp_path: Path, shared_data_di
     kids = [x for x in runs if "mlflow.parentRunId" in x.data.tags]
     assert len(parents) == 1 and {k.data.tags["mlflow.parentRunId"] for k in kids} == parents
     assert sum(k.info.status == "FINISHED" for k in kids) >= 2
+    # the parent carries the best trial: value, params and the trial's own run
+    tags = client.get_run(parents.pop()).data.tags
+    assert tags["optuna.best_trial"] == str(study.best_trial.number), tags
+    assert float(tags["optuna.best_value"]) == float(f"{study.best_trial.value:.6g}")
+    assert {k.removeprefix("optuna.best."): v for k, v in tags.items()
+            if k.startswith("optuna.best.")} == {k: str(v) for k, v in best["params"].items()}
+    best_run = next(k for k in kids if k.info.run_id == tags["optuna.best_run_id"])
+    assert best_run.info.status == "FINISHED"
+    assert "tagged the MLflow parent run" in r.stdout, r.stdout[-3000:]

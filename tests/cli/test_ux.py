@@ -97,7 +97,10 @@ def test_max_time_stops_the_run_and_the_terminal_is_plain(tmp_path: Path, train_
     from mlflow.tracking import MlflowClient
 
     args = [*TINY, *train_cli.isolated(tmp_path), "trainer.enable_progress_bar=true",
+            # min_steps: Lightning trains at least these steps whatever max_time says, so the
+            # lines and metrics below come however busy the machine is
             "train.max_steps=1e6", "train.val_every=20", "+trainer.max_time=00:00:00:04",
+            "+trainer.min_steps=6", "trainer.log_every_n_steps=1",
             "callbacks.progress_bar.plain_every=5",
             "+callbacks.lr_monitor={_target_: pytorch_lightning.callbacks.LearningRateMonitor}"]
     r = train_cli.run(*args, timeout=600)

@@ -86,6 +86,27 @@ def test_tracker_statuses_parent_and_resume(tmp_path: Path) -> None:
     assert client.get_run(first.run_id).data.params["lr"] == "0.1"
     with pytest.raises(RuntimeError, match="not in"):
         start(resume_run_id="0" * 32)
+    # the same name again is the k-th run of that name; a resume keeps the run's name
+    assert [ok.run_name, failed.run_name, killed.run_name, first.run_name] == [
+        "r", "r #2", "r #3", "r #4"]
+    assert again.run_name == "r #4"
+
+
+def test_a_repeated_name_takes_the_first_free_number(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+    from tests.conftest import sqlite_store
+
+    from scalelab.tracking.run_names import unique_run_name
+
+    client = MlflowClient(sqlite_store(tmp_path / "mlruns.db"))
+    exp = client.create_experiment("names", artifact_location=str(tmp_path / "a"))
+    assert unique_run_name(client, exp, "a_b,lr=0.1") == "a_b,lr=0.1"
+    for name in ("a_b,lr=0.1", "aXb,lr=0.1 #2", "a_b,lr=0.1 #2x"):  # LIKE's `_` matches X
+        client.create_run(exp, run_name=name)
+    assert unique_run_name(client, exp, "a_b,lr=0.1") == "a_b,lr=0.1 #2"
+    gone = client.create_run(exp, run_name="a_b,lr=0.1 #2")
+    client.delete_run(gone.info.run_id)  # a deleted run can be restored: its name stays taken
+    assert unique_run_name(client, exp, "a_b,lr=0.1") == "a_b,lr=0.1 #3"
 
 
 def test_metric_values_are_sent_at_most_every_interval_in_order_and_never_lost(tmp_path: Path) -> None:

@@ -96,6 +96,9 @@ class OptunaSweeper(Sweeper):
             for trial in batch:
                 ACTIVE_TRIALS.pop(trial.number, None)
         for trial, ret in zip(batch, returns, strict=True):
+            run_id = _run_id(ret.hydra_cfg)
+            if run_id:  # the trial's MLflow run, for the parent's best-trial tags
+                trial.set_user_attr("mlflow_run_id", run_id)
             try:
                 value = ret.return_value  # re-raises the job's error
             except Exception as e:
@@ -138,6 +141,30 @@ class OptunaSweeper(Sweeper):
             "value": best.value, "params": params, "command": command}), out)
         print(f"[optuna] best trial {best.number}: {best.value:.4f}  {' '.join(chosen)}", flush=True)
         print(f"[optuna] run it: {command}  (saved in {out})", flush=True)
+        self._tag_parent(best, params)
+
+    def _tag_parent(self, best: Any, params: dict[str, str]) -> None:
+        """The best trial on the search's MLflow parent run: value, params, trial run id."""
+        from scalelab.tracking.multirun import tag_parent
+        from scalelab.tracking.store import resolve_tracking_uri
+
+        logger = self.config.get("logger") or {}
+        if logger.get("backend", "mlflow") != "mlflow":
+            return
+        tags = {"optuna.study": self.study_name, "optuna.best_trial": str(best.number),
+                "optuna.best_value": f"{best.value:.6g}",
+                **{f"optuna.best.{k}": v for k, v in params.items()}}
+        if best.user_attrs.get("mlflow_run_id"):
+            tags["optuna.best_run_id"] = str(best.user_attrs["mlflow_run_id"])
+        try:
+            uri = resolve_tracking_uri(logger.get("tracking_uri"), Path(str(self.config.paths.root)))
+            parent = tag_parent(uri, self.sweep_dir, tags)
+        except Exception as e:  # the result is printed and saved already; say why MLflow lacks it
+            print(f"[optuna] best trial not tagged on the MLflow parent: {type(e).__name__}: {e}",
+                  flush=True)
+            return
+        if parent:
+            print(f"[optuna] tagged the MLflow parent run {parent}: optuna.best_*", flush=True)
 
     def _sampler(self) -> Any:
         import optuna
@@ -203,6 +230,16 @@ def _range(sweep: RangeSweep) -> list[Any]:
         out.append(v)
         v += sweep.step
     return out
+
+
+def _run_id(hydra_cfg: DictConfig | None) -> str | None:
+    """The MLflow run id a trial's run folder (the job's output dir) records
+    (cli/run_folder.py: mlflow_run_id); None if it has none (untracked, or refused early)."""
+    from scalelab.cli.run_folder import RUN_ID_FILE
+
+    folder = OmegaConf.select(hydra_cfg, "hydra.runtime.output_dir") if hydra_cfg else None
+    path = Path(str(folder)) / RUN_ID_FILE
+    return (path.read_text().strip() or None) if folder and path.is_file() else None
 
 
 def _storage(url: str) -> str:

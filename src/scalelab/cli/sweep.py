@@ -296,7 +296,7 @@ def _summary(console: Any, plan: Any, outcome: Any, collected: Any, fit_lines: l
     console.print(f"MLflow parent: {parent.run_id} (experiment id {parent.experiment_id}); "
                   f"children tagged mlflow.parentRunId")
     ui = "make ui" if not parent.tracking_uri.startswith("http") else parent.tracking_uri
-    console.print(f"open it      : {ui} -> {parent.url()}")
+    console.print(f"open it      : {ui} -> {parent.view_url()}")
     if outcome.failed:
         console.print("rerun the same command to retry the failed points "
                       "(finished points are skipped)")

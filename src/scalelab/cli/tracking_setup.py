@@ -102,6 +102,8 @@ def start_tracker(spec: RunSpec, uri: str | None, resume_run_id: str | None,
     if multirun_parent:
         tracker.multirun_parent_id = multirun_parent
         tracker.multirun_dir = Path(HydraConfig.get().sweep.dir)
+    if tracker.run_name:  # a repeat is NAME #2 in MLflow (tracking/run_names.py): say it everywhere
+        spec.run_name = tracker.run_name
     return tracker
 
 

@@ -25,6 +25,7 @@ from scalelab.tracking.guard import StatusGuarded
 from scalelab.tracking.null import NullTracker
 from scalelab.tracking.process import process_alive
 from scalelab.tracking.redact import redact
+from scalelab.tracking.run_names import unique_run_name
 from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
     experiment_artifact_location,
@@ -149,6 +150,7 @@ class Tracker(StatusGuarded):
                        outage_wait_s=outage_wait_s, metrics_interval_s=metrics_interval_s)
 
         exp_id = get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
+        run_name = unique_run_name(client, exp_id, run_name)  # the same command twice: NAME #2
         all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in tags.items()},
                     **process_tags()}
         if parent_run_id:

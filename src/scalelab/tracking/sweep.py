@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from scalelab.tracking.process import process_alive
 from scalelab.tracking.run import client_for, get_or_create_experiment
 from scalelab.tracking.store import is_remote, probe
+from scalelab.tracking.ui_view import save_sweep_view
 
 log = logging.getLogger(__name__)
 ROLE_TAG = "scalelab.sweep_role"
@@ -84,6 +85,7 @@ class SweepParent:
         probe(tracking_uri)
         client = client_for(tracking_uri)
         exp_id = get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
+        save_sweep_view(client, exp_id)  # what `make ui` opens: the points, val loss, N, D, C
         found = client.search_runs(
             [exp_id], f"tags.`{ROLE_TAG}` = 'parent' and tags.`{NAME_TAG}` = '{sweep_name}'",
             run_view_type=ViewType.ACTIVE_ONLY, order_by=["attributes.start_time DESC"],
@@ -171,6 +173,12 @@ class SweepParent:
     def url(self) -> str:
         return run_url(self.tracking_uri, self.experiment_id, self.run_id)
 
+    def view_url(self) -> str:
+        """The sweep's saved view (its points by budget, val loss / N / D / C columns)."""
+        from scalelab.tracking.ui import experiment_url
+
+        return experiment_url(_ui_base(self.tracking_uri), self.experiment_id, sweep_view=True)
+
 
 STALE_TAG = "scalelab.stale"
 # parent and child: the fingerprint of the fixed held-out set (scaling.heldout.HeldoutSet); a
@@ -227,9 +235,13 @@ def metric_history(client: MlflowClient, run_id: str, key: str) -> list[tuple[in
     return sorted(by_step.items())
 
 
+def _ui_base(tracking_uri: str) -> str:
+    return tracking_uri.rstrip("/") if is_remote(tracking_uri) else "http://127.0.0.1:5000"
+
+
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """Where to see a run: the server's page, or the `make ui` page for a local store."""
-    base = tracking_uri.rstrip("/") if is_remote(tracking_uri) else "http://127.0.0.1:5000"
+    base = _ui_base(tracking_uri)
     # workflowType: MLflow 3.17 would open the run in GenAI mode without it
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 

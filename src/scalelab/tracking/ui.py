@@ -20,6 +20,11 @@ from pathlib import Path
 from scalelab.paths import repo_root
 from scalelab.tracking.redact import redact
 
+# a sweep's saved view (tracking/ui_view.py writes it): the tag MLflow's UI reads for
+# ?viewStateShareKey=<key> (the view its "Share" button saves)
+SWEEP_VIEW_KEY = "scalelab_sweep"
+SWEEP_VIEW_TAG = "mlflow.sharedViewState." + SWEEP_VIEW_KEY
+
 
 def _free_port(preferred: int) -> int:
     with socket.socket() as s:
@@ -46,9 +51,9 @@ def is_loopback(host: str) -> bool:
 ML_VIEW = "workflowType=machine_learning"  # the UI's model-training mode (not GenAI)
 
 
-def _experiments(store: str) -> list[tuple[str, str]]:
-    """(id, name) of the active experiments holding runs in a local SQLite store, the one with
-    the newest run first ([] if none)."""
+def _experiments(store: str) -> list[tuple[str, str, bool]]:
+    """(id, name, has a sweep view) of the active experiments holding runs in a local SQLite
+    store, the one with the newest run first ([] if none)."""
     import sqlite3
 
     path = store.removeprefix("sqlite:///")
@@ -57,16 +62,21 @@ def _experiments(store: str) -> list[tuple[str, str]]:
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
             rows = db.execute(
-                "SELECT e.experiment_id, e.name, MAX(r.start_time) AS newest FROM experiments e "
-                "JOIN runs r ON r.experiment_id = e.experiment_id WHERE e.lifecycle_stage = "
-                "'active' GROUP BY e.experiment_id, e.name ORDER BY newest DESC").fetchall()
+                "SELECT e.experiment_id, e.name, MAX(r.start_time) AS newest, EXISTS (SELECT 1 "
+                "FROM experiment_tags t WHERE t.experiment_id = e.experiment_id AND t.key = ?) "
+                "FROM experiments e JOIN runs r ON r.experiment_id = e.experiment_id WHERE "
+                "e.lifecycle_stage = 'active' GROUP BY e.experiment_id, e.name "
+                "ORDER BY newest DESC", (SWEEP_VIEW_TAG,)).fetchall()
     except sqlite3.Error:
         return []
-    return [(str(i), str(n)) for i, n, _ in rows]
+    return [(str(i), str(n), bool(v)) for i, n, _, v in rows]
 
 
-def experiment_url(base: str, experiment_id: str) -> str:
-    """The experiment's runs table in the model-training view (not MLflow's GenAI pages)."""
+def experiment_url(base: str, experiment_id: str, sweep_view: bool = False) -> str:
+    """The experiment's runs table in the model-training view (not MLflow's GenAI pages); a
+    sweep's opens on its saved view (tracking/ui_view.py: the points, val loss, N, D, C)."""
+    if sweep_view:  # straight to the Runs tab: the redirect from the experiment drops the key
+        return f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={SWEEP_VIEW_KEY}&{ML_VIEW}"
     return f"{base}/#/experiments/{experiment_id}?{ML_VIEW}"
 
 
@@ -112,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     if experiments:
         # one link, to the runs of the newest experiment: MLflow 3.17 opens on its GenAI
         # landing page, and an experiment in GenAI mode, unless the URL says otherwise
-        exp_id, name = experiments[0]
-        print(f"  open {experiment_url(url, exp_id)}  (runs of {name}, the newest experiment; "
-              "Ctrl-C stops it)")
+        exp_id, name, sweep_view = experiments[0]
+        print(f"  open {experiment_url(url, exp_id, sweep_view)}  (runs of {name}, the newest "
+              "experiment; Ctrl-C stops it)")
         if len(experiments) > 1:
-            print("  other experiments: " + ", ".join(f"{n} (#{i})" for i, n in experiments[1:])
+            print("  other experiments: " + ", ".join(f"{n} (#{i})" for i, n, _ in experiments[1:])
                   + "  (the Experiments list, or the id in the link)")
     else:
         print(f"  open {url}  (Ctrl-C stops it)")
