@@ -5,8 +5,11 @@
         then counts the stored rows and the run statuses.
     python scripts/cluster_bench.py store --from-sweep slurm1 --children 500 [--to URI]
         a sweep parent `big<children>` whose children copy the given sweep's finished children
-        (unique point ids), written to --to (default: the same server); then times
+        (unique point ids; final metrics, and the val/loss and tokens_seen histories the
+        curves come from), written to --to (default: the same server); then times
         collect_runs, the read behind `scalelab-fit --sweep big<children>`.
+    python scripts/cluster_bench.py read --sweep big500
+        times that read again, on a sweep already written.
 """
 
 from __future__ import annotations
@@ -56,7 +59,6 @@ def store(uri: str, dest: str, sweep: str, children: int) -> None:
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
-    from scalelab.scaling.collect import collect_runs
     from scalelab.tracking.sweep import find_sweep_parent
 
     src = find_sweep_parent(uri, sweep)
@@ -64,6 +66,10 @@ def store(uri: str, dest: str, sweep: str, children: int) -> None:
         sys.exit(f"no sweep {sweep!r} in {uri}")
     kids = [c for c in src.children() if c.status == "FINISHED"]
     d, s = MlflowClient(dest), MlflowClient(uri)
+    # the curves collect reads: each copy gets the source child's whole history of these
+    curve_keys = ("val/loss", "tokens_seen")
+    history = {k.run_id: [m for key in curve_keys for m in s.get_metric_history(k.run_id, key)]
+               for k in kids}
     name = f"big{children}"
     exp = d.get_experiment_by_name(f"sweep_{name}")
     exp_id = exp.experiment_id if exp else d.create_experiment(f"sweep_{name}")
@@ -77,30 +83,41 @@ def store(uri: str, dest: str, sweep: str, children: int) -> None:
                  "mlflow.parentRunId": parent.info.run_id}
         r = d.create_run(exp_id, run_name=f"c{i}", tags=tags)
         now = int(time.time() * 1000)
-        d.log_batch(r.info.run_id, metrics=[Metric(m, v, now, 0) for m, v in k.data.metrics.items()],
+        latest = [Metric(m, v, now, 0) for m, v in k.data.metrics.items() if m not in curve_keys]
+        d.log_batch(r.info.run_id, metrics=latest + history[k.info.run_id],
                     params=[Param(a, b) for a, b in k.data.params.items()])
         d.set_terminated(r.info.run_id, "FINISHED")
     d.set_terminated(parent.info.run_id, "FINISHED")
     print(f"{children} children written to {dest} in {time.time() - t0:.1f} s")
+    read(dest, name)
+
+
+def read(uri: str, sweep: str) -> None:
+    from scalelab.scaling.collect import collect_runs
+
     t0 = time.time()
-    runs, _ = collect_runs(name, None, dest, "matmul", "attention")
-    print(f"collect_runs({name!r}) from {dest}: {len(runs)} runs in {time.time() - t0:.1f} s")
+    runs, curves = collect_runs(sweep, None, uri, "matmul", "attention")
+    print(f"collect_runs({sweep!r}) from {uri}: {len(runs)} runs, {len(curves)} curve rows "
+          f"in {time.time() - t0:.1f} s")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", choices=["writers", "store"])
+    ap.add_argument("what", choices=["writers", "store", "read"])
     ap.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI"))
     ap.add_argument("--writers", type=int, default=16)
     ap.add_argument("--rows", type=int, default=500)
     ap.add_argument("--from-sweep", default="slurm1")
     ap.add_argument("--children", type=int, default=500)
     ap.add_argument("--to", default=None)
+    ap.add_argument("--sweep", default="big500", help="read: the sweep to time collect_runs on")
     a = ap.parse_args()
     if not a.uri:
         ap.error("set MLFLOW_TRACKING_URI or pass --uri")
     if a.what == "writers":
         writers(a.uri, a.writers, a.rows)
+    elif a.what == "read":
+        read(a.uri, a.sweep)
     else:
         store(a.uri, a.to or a.uri, a.from_sweep, a.children)
 

@@ -26,7 +26,7 @@ from scalelab.tracking.sweep import (
     HELDOUT_SET_TAG,
     ChildRun,
     SweepParent,
-    metric_history,
+    metric_histories,
     open_parent,
 )
 
@@ -147,12 +147,16 @@ def collect(parent: SweepParent, n_convention: str = "matmul",
 
 def _curves(parent: SweepParent, runs: pd.DataFrame, flops_convention: str) -> pd.DataFrame:
     fpt_col = "flops_per_token" if flops_convention == "attention" else "flops_per_token_6n"
+    # the runs table came from one search_runs page (each metric's latest value); only the
+    # curves need histories, read for all runs at once
+    history = metric_histories(parent.client, parent.tracking_uri, list(runs["run_id"]),
+                               ("val/loss", "tokens_seen"))
     frames = []
     for r in runs.itertuples():
-        loss = metric_history(parent.client, r.run_id, "val/loss")
+        loss = history[(r.run_id, "val/loss")]
         if not loss:
             continue
-        seen = dict(metric_history(parent.client, r.run_id, "tokens_seen"))
+        seen = dict(history[(r.run_id, "tokens_seen")])
         tps = r.tokens_per_step if r.tokens_per_step == r.tokens_per_step else 0.0
         tokens = [seen.get(step, step * tps) for step, _ in loss]
         df = pd.DataFrame({"run_id": r.run_id, "step": [s for s, _ in loss], "tokens": tokens,
