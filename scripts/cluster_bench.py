@@ -8,8 +8,9 @@
         (unique point ids; final metrics, and the val/loss and tokens_seen histories the
         curves come from), written to --to (default: the same server); then times
         collect_runs, the read behind `scalelab-fit --sweep big<children>`.
-    python scripts/cluster_bench.py read --sweep big500
-        times that read again, on a sweep already written.
+    python scripts/cluster_bench.py read --sweep big500 [--readers 1]
+        times that read again, on a sweep already written (--readers 1: history requests one
+        at a time instead of concurrently).
 """
 
 from __future__ import annotations
@@ -92,9 +93,12 @@ def store(uri: str, dest: str, sweep: str, children: int) -> None:
     read(dest, name)
 
 
-def read(uri: str, sweep: str) -> None:
+def read(uri: str, sweep: str, readers: int | None = None) -> None:
     from scalelab.scaling.collect import collect_runs
+    from scalelab.tracking import sweep as sweep_store
 
+    if readers:  # concurrent history requests against a server (1: one at a time)
+        sweep_store.HISTORY_READERS = readers
     t0 = time.time()
     runs, curves = collect_runs(sweep, None, uri, "matmul", "attention")
     print(f"collect_runs({sweep!r}) from {uri}: {len(runs)} runs, {len(curves)} curve rows "
@@ -111,13 +115,15 @@ def main() -> None:
     ap.add_argument("--children", type=int, default=500)
     ap.add_argument("--to", default=None)
     ap.add_argument("--sweep", default="big500", help="read: the sweep to time collect_runs on")
+    ap.add_argument("--readers", type=int, default=None,
+                    help="read: concurrent history requests (default: collect's own)")
     a = ap.parse_args()
     if not a.uri:
         ap.error("set MLFLOW_TRACKING_URI or pass --uri")
     if a.what == "writers":
         writers(a.uri, a.writers, a.rows)
     elif a.what == "read":
-        read(a.uri, a.sweep)
+        read(a.uri, a.sweep, a.readers)
     else:
         store(a.uri, a.to or a.uri, a.from_sweep, a.children)
 

@@ -232,17 +232,16 @@ def metric_history(client: MlflowClient, run_id: str, key: str) -> list[tuple[in
 HISTORY_READERS = 8
 
 
-def metric_histories(client: MlflowClient, tracking_uri: str, run_ids: list[str],
-                     keys: tuple[str, ...]) -> dict[tuple[str, str], list[tuple[int, float]]]:
-    """(run_id, key) -> metric_history, for every run and key.
+def metric_histories(client: MlflowClient, tracking_uri: str, pairs: list[tuple[str, str]],
+                     ) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(run_id, key) -> metric_history, for every pair asked.
 
     MLflow's client reads one run's one metric per request; against a server the requests go
-    out concurrently (a 500-child sweep is 1 000 of them). A local store is read in order:
-    SQLite serializes them anyway.
+    out concurrently (a 500-child sweep's curves are 1 000 of them). A local store is read in
+    order: SQLite serializes them anyway.
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    pairs = [(r, k) for r in run_ids for k in keys]
     workers = HISTORY_READERS if is_remote(tracking_uri) else 1
     if workers == 1 or len(pairs) < 2:
         return {(r, k): metric_history(client, r, k) for r, k in pairs}
