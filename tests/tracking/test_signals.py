@@ -98,3 +98,46 @@ def test_slurm_usr1_checkpoints_and_the_requeued_job_resumes(tmp_path: Path, sha
     runs = client.search_runs([run.info.experiment_id])
     assert [x.info.run_id for x in runs] == [run_id]  # the same run continued
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_every_step_is_logged_once_across_two_stops_and_two_resumes(
+        tmp_path: Path, shared_data_dir: Path, train_cli) -> None:
+    """SIGTERM -> resume -> SIGUSR1 -> resume: one MLflow run whose train/loss has a row for
+    every step, exactly once (a stop must leave Lightning's counters where a resume continues
+    the logging step without a gap)."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    run_dir = tmp_path / "run"
+    tests_dir = Path(__file__).resolve().parents[1]  # `tracking.signal_at_step` for the child
+    args = [*_args(tmp_path, shared_data_dir, train_cli, uri, run_dir), "model.max_seq_len=32",
+            "train.global_batch_size=4",
+            "+callbacks.stop={_target_: tracking.signal_at_step.SignalAtStep}"]
+
+    def attempt(signal_at: str, *extra: str) -> tuple[int, str]:
+        env = train_cli.env(SCALELAB_TEST_SIGNAL_AT=signal_at, PYTHONPATH=os.pathsep.join(
+            [str(tests_dir), os.environ.get("PYTHONPATH", "")]))
+        with training(train_cli.cmd(*args, *extra), train_cli.repo, env) as proc:
+            out, _ = proc.communicate(timeout=300)
+        return proc.returncode, out
+
+    code, out = attempt("3:SIGTERM")
+    assert code == 143, out[-3000:]
+    first = ckpt_step(run_dir / "checkpoints" / "last.ckpt")
+    code, out = attempt(f"{first + 3}:SIGUSR1", "resume=true")
+    assert code == 128 + signal.SIGUSR1, out[-3000:]
+    second = ckpt_step(run_dir / "checkpoints" / "last.ckpt")
+    assert second > first
+    total = second + 3
+    code, out = attempt("", "resume=true", f"train.max_steps={total}",
+                        "train.resume_schedule=continue")
+    assert code == 0, out[-3000:]
+
+    client = MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])
+    assert run.info.status == "FINISHED"
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss"))
+    assert steps == list(range(total)), (first, second, steps)

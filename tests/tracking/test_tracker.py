@@ -165,3 +165,37 @@ def test_a_metric_batch_mlflow_rejects_is_raised_at_the_next_wait(tmp_path: Path
     with pytest.raises(MlflowException, match="active"):
         tracker.spool.wait()  # a live store's refusal is an error, not an outage to wait out
     assert not tracker.spool.pending
+
+
+def test_probe_asks_a_busy_server_again_and_passes_once_it_answers() -> None:
+    """A server that answers 503 while busy (many jobs starting at once) is asked again with
+    backoff; the probe passes when it answers, and fails with one line if it never does."""
+    import http.server
+    import threading
+
+    answers = [503, 503, 200]
+    seen: list[int] = []
+
+    class Busy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            code = answers[min(len(seen), len(answers) - 1)]
+            seen.append(code)
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        probe(uri, timeout=60.0)
+        assert seen == [503, 503, 200]
+        answers[:] = [503]  # busy for good: the deadline ends it, with the last answer named
+        with pytest.raises(RuntimeError, match="unreachable: HTTP 503"):
+            probe(uri, timeout=1.0)
+    finally:
+        server.shutdown()
+        server.server_close()

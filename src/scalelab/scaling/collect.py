@@ -26,7 +26,7 @@ from scalelab.tracking.sweep import (
     HELDOUT_SET_TAG,
     ChildRun,
     SweepParent,
-    metric_history,
+    metric_histories,
     open_parent,
 )
 
@@ -101,9 +101,11 @@ def latest_finished(children: list[ChildRun]) -> dict[str, ChildRun]:
 
 def collect(parent: SweepParent, n_convention: str = "matmul",
             flops_convention: str = "attention", curves: bool = True,
-            point_ids: set[str] | None = None, train_tokens: int | None = None) -> Collected:
+            point_ids: set[str] | None = None, train_tokens: int | None = None,
+            curve_stages: set[str] | None = None) -> Collected:
     """Children of ``parent`` -> tables. ``point_ids`` limits them to the current plan;
-    ``train_tokens`` (the corpus's train split) adds each run's ``epochs`` = D / train_tokens."""
+    ``train_tokens`` (the corpus's train split) adds each run's ``epochs`` = D / train_tokens;
+    ``curve_stages`` limits the curves to runs of those sweep stages (None: all)."""
     if n_convention not in N_COLUMNS:
         raise ValueError(f"n_convention={n_convention!r}: choose one of {', '.join(N_COLUMNS)}")
     if flops_convention not in C_COLUMNS:
@@ -141,18 +143,27 @@ def collect(parent: SweepParent, n_convention: str = "matmul",
 
     curve_df = pd.DataFrame(columns=CURVE_COLUMNS)
     if curves and not runs.empty:
-        curve_df = _curves(parent, runs, flops_convention)
+        wanted = runs if curve_stages is None else runs[runs["stage"].isin(curve_stages)]
+        logged = {c.run_id: set(c.metrics) for c in done.values()}
+        curve_df = _curves(parent, wanted, flops_convention, logged)
     return Collected(runs, curve_df, failed)
 
 
-def _curves(parent: SweepParent, runs: pd.DataFrame, flops_convention: str) -> pd.DataFrame:
+def _curves(parent: SweepParent, runs: pd.DataFrame, flops_convention: str,
+            logged: dict[str, set[str]]) -> pd.DataFrame:
     fpt_col = "flops_per_token" if flops_convention == "attention" else "flops_per_token_6n"
+    # The runs table came from search_runs (each metric's latest value). Only the curves need
+    # histories, and only of the metrics a run logged at all (search_runs lists those): read
+    # together, concurrently against a server.
+    pairs = [(rid, key) for rid in runs["run_id"] if "val/loss" in logged.get(rid, ())
+             for key in ("val/loss", "tokens_seen") if key in logged[rid]]
+    history = metric_histories(parent.client, parent.tracking_uri, pairs)
     frames = []
     for r in runs.itertuples():
-        loss = metric_history(parent.client, r.run_id, "val/loss")
+        loss = history.get((r.run_id, "val/loss"))
         if not loss:
             continue
-        seen = dict(metric_history(parent.client, r.run_id, "tokens_seen"))
+        seen = dict(history.get((r.run_id, "tokens_seen"), []))
         tps = r.tokens_per_step if r.tokens_per_step == r.tokens_per_step else 0.0
         tokens = [seen.get(step, step * tps) for step, _ in loss]
         df = pd.DataFrame({"run_id": r.run_id, "step": [s for s, _ in loss], "tokens": tokens,
@@ -191,7 +202,7 @@ def collect_runs(sweep: str | None = None, parent_run_id: str | None = None,
     parent = find_parent(sweep, parent_run_id, tracking_uri)
     # only the points of the sweep's current plan (an earlier plan may have left other runs)
     got = collect(parent, n_convention, flops_convention, point_ids=parent.plan_point_ids(),
-                  train_tokens=parent.train_tokens())
+                  train_tokens=parent.train_tokens(), curve_stages={"main"})
     if not got.runs.empty:  # the tune stage's lr grid is not part of the study's fits
         got.runs = got.runs[got.runs["stage"] == "main"].reset_index(drop=True)
         got.curves = got.curves[got.curves["run_id"].isin(got.runs["run_id"])]

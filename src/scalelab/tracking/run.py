@@ -28,6 +28,7 @@ from scalelab.tracking.redact import redact
 from scalelab.tracking.run_names import unique_run_name
 from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
+    PROBE_TIMEOUT_S,
     experiment_artifact_location,
     is_remote,
     probe,
@@ -116,7 +117,7 @@ class Tracker(StatusGuarded):
         artifact_root: str | None = None,
         parent_run_id: str | None = None,
         resume_run_id: str | None = None,
-        probe_timeout: float = 3.0,
+        probe_timeout: float = PROBE_TIMEOUT_S,
         folder: Path | None = None,
         outage_wait_s: float = 120.0,
         metrics_interval_s: float = 0.0,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -12,6 +14,8 @@ from pathlib import Path
 
 from scalelab.data.files import locked
 from scalelab.tracking.redact import redact
+
+log = logging.getLogger(__name__)
 
 
 class TrackingServerUnreachable(RuntimeError):
@@ -63,25 +67,50 @@ def experiment_artifact_location(uri: str, artifact_root: str | None, name: str)
     return path.as_uri()
 
 
-def probe(uri: str, timeout: float = 3.0) -> None:
+# logger.probe_timeout's default: three of the per-request timeouts scalelab gives MLflow's
+# client (MLFLOW_HTTP_REQUEST_TIMEOUT=10, remote_env_defaults); tens of jobs that start
+# together on one server can keep /health waiting for seconds
+PROBE_TIMEOUT_S = 30.0
+PROBE_ATTEMPT_S = 10.0  # one /health request; a slow answer is retried until the deadline
+
+
+def probe(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     """Fail within ``timeout`` seconds if a tracking server does not answer.
 
     mlflow's own client retries with backoff for minutes before giving up, so a plain
-    HTTP GET of /health (every ``mlflow server`` serves it) decides first.
+    HTTP GET of /health (every ``mlflow server`` serves it) decides first. A server that is
+    slow (the request times out, or it answers 5xx while busy) is asked again with backoff
+    until ``timeout``; nothing listening at the address (connection refused, unknown host) is
+    a wrong or dead URI and fails at once.
     """
     if not is_remote(uri):
         return
     url = uri.rstrip("/") + "/health"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            resp.read(64)
-    except urllib.error.HTTPError as e:
-        if e.code in (401, 403, 404):  # it answered: auth or a proxy without /health is fine
+    deadline = time.monotonic() + timeout
+    pause = 0.5
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with urllib.request.urlopen(url, timeout=max(0.1, min(left, PROBE_ATTEMPT_S))) as resp:
+                resp.read(64)
             return
-        raise TrackingServerUnreachable(_unreachable(uri, f"HTTP {e.code} from {url}")) from None
-    except (urllib.error.URLError, OSError, TimeoutError) as e:
-        reason = getattr(e, "reason", e)
-        raise TrackingServerUnreachable(_unreachable(uri, f"{type(e).__name__}: {reason}")) from None
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403, 404):  # it answered: auth or a proxy without /health is fine
+                return
+            why, busy = f"HTTP {e.code} from {url}", e.code >= 500
+        except (urllib.error.URLError, OSError, TimeoutError) as e:
+            reason = getattr(e, "reason", e)
+            why = f"{type(e).__name__}: {reason}"
+            # a timeout or a dropped connection: a server that is there but busy
+            busy = isinstance(reason, (TimeoutError, ConnectionResetError)) or isinstance(
+                e, (TimeoutError, ConnectionResetError))
+        left = deadline - time.monotonic()
+        if not busy or left <= pause:
+            raise TrackingServerUnreachable(_unreachable(uri, why)) from None
+        log.warning("tracking server %s is slow to answer (%s); asking again for up to %.0f s "
+                    "(logger.probe_timeout)", redact(uri), why, left)
+        time.sleep(pause)
+        pause = min(pause * 2, 4.0)
 
 
 def _unreachable(uri: str, why: str) -> str:

@@ -4,9 +4,9 @@
     SIGINT  (Ctrl-C)                                      -> KILLED, exit 130
     SIGUSR1 (SLURM pre-timeout, sbatch --signal=USR1@90)  -> checkpoint, `scontrol requeue`, exit 138
 
-During ``trainer.fit``/``validate`` the first signal is only recorded: ``SaveOnStop`` raises
-Lightning's ``SIGTERMException`` at the next batch boundary (on every rank at the same step under
-DDP), so the checkpoint written on the way out holds a consistent step. A second Ctrl-C stops at
+During ``trainer.fit``/``validate`` the first signal is only recorded: ``SaveOnStop`` stops the
+loop at the end of the current optimizer step (on every rank at the same step under DDP), so the
+checkpoint written on the way out holds a consistent step. A second Ctrl-C stops at
 once. Outside the Trainer (data preparation, final sample, uploads) a signal raises
 ``RunStopped`` right away.
 
@@ -137,31 +137,53 @@ def at_phase(name: str) -> None:
 
 
 class SaveOnStop(pl.Callback):
-    """Stops the loop at a batch boundary once a signal came, and writes ``last.ckpt`` then.
+    """Stops the loop at a step boundary once a signal came, and writes ``last.ckpt`` then.
 
-    The stop is Lightning's own ``SIGTERMException``, raised from public callback hooks, so
-    the Trainer tears down as for its own SIGTERM handling. Like Lightning's
-    OnExceptionCheckpoint, but only for signal stops (a crash must not overwrite the last good
-    checkpoint), and not a subclass of it: with one of those in the callbacks, Lightning turns
-    ``fit(ckpt_path=None)`` into ``"last"`` and would silently resume a fresh run from an old
-    file in the same folder.
+    The stop is Lightning's own SIGTERM stop: after the optimizer step that follows the signal
+    (its metrics logged, its validation run), the process sends itself SIGTERM; Lightning's
+    handler sets ``trainer.received_sigterm`` and its loop raises ``SIGTERMException`` at the
+    end of that step. That is the one boundary where Lightning's progress counters and its
+    logging step agree, so a run resumed from the checkpoint logs every step exactly once,
+    however many times it was stopped (a stop raised from ``on_train_batch_start`` comes after
+    the next batch is counted as fetched, and Lightning resumes such a checkpoint one logging
+    step ahead). Like Lightning's OnExceptionCheckpoint, but only for signal stops (a crash
+    must not overwrite the last good checkpoint), and not a subclass of it: with one of those
+    in the callbacks, Lightning turns ``fit(ckpt_path=None)`` into ``"last"`` and would
+    silently resume a fresh run from an old file in the same folder.
     """
 
     def __init__(self, dirpath: Path, stop: StopRequest = STOP) -> None:
         self.ckpt_path = Path(dirpath) / "last.ckpt"
         self.stop = stop
+        self._step_at_start = 0
+        self._asked = False  # SIGTERM sent to this process for Lightning's stop
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self.stop.trainer = trainer  # from now on a signal waits for a batch boundary
+        self.stop.trainer = trainer  # from now on a signal waits for a step boundary
+        self._asked = False
+
+    def _stopping(self, trainer: pl.Trainer) -> bool:
+        # Under DDP every rank takes the same decision (any rank signalled: all stop), so none
+        # is left waiting alone in the next all-reduce; this is the broadcast Lightning does
+        # for its own SIGTERM flag. Every rank runs every batch hook, so the collective is safe.
+        return trainer.strategy.reduce_boolean_decision(self.stop.signum is not None, all=False)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
-        # The previous step, its validation and its checkpoints are complete here. Under DDP
-        # every rank takes the same decision (any rank signalled: all stop), so none is left
-        # waiting alone in the next all-reduce; this is the broadcast Lightning does for its
-        # own SIGTERM flag.
-        if trainer.strategy.reduce_boolean_decision(self.stop.signum is not None, all=False):
+        self._step_at_start = trainer.global_step
+        # Only if Lightning did not stop at the end of the step it was asked to (its SIGTERM
+        # handler is not installed, as in a Trainer outside the main thread): stop here.
+        if self._asked and self._stopping(trainer):
             raise SIGTERMException
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        stepped = trainer.global_step != self._step_at_start  # not inside a grad accumulation
+        if not stepped or self._asked or not self._stopping(trainer):
+            return
+        self._asked = True
+        if not trainer.received_sigterm:  # a SIGTERM itself already set it
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                 outputs: Any, batch: Any, batch_idx: int,
