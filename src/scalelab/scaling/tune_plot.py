@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .plot_axes import legible_log_axes
 from .tune import VariantTune
 
 STYLES = ("-", "--", ":", "-.")
@@ -44,6 +45,7 @@ def _grid_panel(
     ax.set_xscale("log")
     ax.set_ylabel("final loss (nats)")
     ax.legend(fontsize=6)
+    legible_log_axes(ax)
 
 
 def _law_curves(law: Any) -> list[tuple[np.ndarray, Any, str]]:
@@ -87,6 +89,7 @@ def _law_panel(bx: Any, tuned: dict[str, VariantTune], what: str, unit: str) -> 
     bx.set_ylabel(f"{sym}* ({unit})")
     bx.set_title(f"fitted {sym}* (optima of every tune budget)")
     bx.legend(fontsize=7)
+    legible_log_axes(bx, x=True, y=True)
 
 
 def plot_tune(runs: pd.DataFrame, tuned: dict[str, VariantTune], path: Path) -> Path:
@@ -135,4 +138,5 @@ def plot_hparams(runs: pd.DataFrame, tuned: dict[str, VariantTune], path: Path) 
         cx.set_ylabel("final loss (nats)")
         cx.set_title("loss vs beta2 per size at lr*(N), B*(N)")
         cx.legend(fontsize=6)
+        legible_log_axes(cx)
     return _save(fig, path)
