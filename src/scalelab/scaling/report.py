@@ -516,7 +516,7 @@ def _header_md(results: ScalingResults) -> list[str]:
     """Title, the conventions, the one FLOPs convention, and the fit notes."""
     opts = results.options
     md = ["# Scaling-law report", ""]
-    md += [f"Conventions: N = {opts.n_convention} parameters, FLOPs = {opts.flops_convention}; "
+    md += [f"N = {opts.n_convention} parameters, FLOPs = {opts.flops_convention}; "
            f"approaches {', '.join(map(str, opts.approaches))}; reference compute "
            f"C = {results.reference_compute:.3g}.", ""]
     fpts = "; ".join(f"`{v.variant}`: fpt(N) ≈ {v.flops_per_token.k:.3g} · N^{v.flops_per_token.p:.3f}"
