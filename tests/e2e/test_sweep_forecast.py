@@ -42,7 +42,8 @@ def test_forecast_stage_trains_its_runs_and_scores_them(tmp_path):
     row = table.iloc[0]
     assert row.loss_lo < row.loss_pred < row.loss_hi
     report = (sweep_dir / "report" / "report.md").read_text()
-    assert report.startswith("# Scaling-law report\n\n## Forecast vs outcome")
+    assert report.startswith("# Scaling-law report\n\n## Answer\n")  # then the forecast section
+    assert "**Forecast at 2x** (C = 2.4e+10 FLOPs)" in report.split("## Forecast vs outcome")[0]
     assert (sweep_dir / "report" / "forecast.png").is_file()
     # the study's fit and runs.csv hold the study's points only
     assert len(pd.read_csv(sweep_dir / "runs.csv")) == 9

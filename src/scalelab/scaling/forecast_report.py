@@ -12,6 +12,7 @@ import pandas as pd
 
 from .forecast import exponent_by_convention
 from .forecast_stage import allocation_check, grid_check
+from .plot_axes import legible_log_axes
 
 CONVENTION_TEXT = {"non_embedding": "N without embeddings, exact FLOPs",
                    "matmul": "N of the matmuls, exact FLOPs",
@@ -125,6 +126,7 @@ def plot_forecast(result: Any, study: pd.DataFrame, path: Path) -> Path:
     ax.set_xlabel("training compute C (FLOPs)")
     ax.set_ylabel("held-out loss")
     ax.set_title("forecast (95 % intervals) vs outcome")
+    legible_log_axes(ax, x=True, y=True)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

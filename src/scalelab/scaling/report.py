@@ -18,7 +18,9 @@ from .fit import Estimate, ScalingResults, VariantFit
 from .fit_data import measured_sigma
 from .fit_holdout import fmt_error
 from .laws import law_text
+from .plot_axes import legible_log_axes
 from .published_laws import CHINCHILLA, EPOCH_2024
+from .report_answer import answer_md
 
 # Published compute-optimal exponents and tokens per parameter, for the side-by-side table.
 # Chinchilla: Approach 1/2 a = 0.50/0.49, b = 0.50/0.51; ~20 tokens per parameter.
@@ -74,6 +76,7 @@ def plot_loss_vs_tokens(vf: VariantFit, path: Path) -> Path:
     ax.set_xlabel("tokens D")
     ax.set_ylabel("loss (nats)")
     ax.set_title(f"Loss vs tokens per model size [{vf.variant}]")
+    legible_log_axes(ax)
     if len(sizes) <= 12:
         ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)
@@ -101,6 +104,7 @@ def plot_isoflop(vf: VariantFit, path: Path) -> Path:
     ax.set_xlabel("parameters N")
     ax.set_ylabel("final loss (nats)")
     ax.set_title(f"IsoFLOP profiles [{vf.variant}] (* = minimum, dashed = flagged)")
+    legible_log_axes(ax)
     ax.legend(fontsize=7)
     return _save(fig, path)
 
@@ -168,6 +172,7 @@ def plot_frontier(vf: VariantFit, path: Path, ci: float = 0.95) -> Path:
         ax.set_yscale("log")
         ax.set_xlabel("compute C (FLOPs)")
         ax.set_ylabel("N_opt (parameters)" if which == "n" else "D_opt (tokens)")
+        legible_log_axes(ax, x=True, y=True)
         ax.legend(fontsize=7)
     fig.suptitle(f"Compute-optimal frontier [{vf.variant}] (bands: {ci:.0%} bootstrap)")
     return _save(fig, path)
@@ -440,7 +445,8 @@ def write_report(results: ScalingResults, out_dir, plan=None, tune=None, lr_law:
                  laws_from: tuple[str, dict] | None = None, forecast=None) -> list[Path]:
     """Write PNG plots and ``report.md`` into out_dir; return the written paths.
 
-    ``plan``: optional DataFrame (or records) of the sweep plan, shown as the first table.
+    The report opens with the answer (report_answer.py); ``plan``: optional DataFrame (or
+    records) of the sweep plan, shown last.
     ``laws_from``: (path, per-variant laws) when sweep.laws_from set the hyperparameters.
     ``forecast``: the forecast stage's result (scaling/forecast_stage.py): the first section.
     """
@@ -461,16 +467,16 @@ def is_report_file(name: str) -> bool:
 def _write_report_into(out: Path, results: ScalingResults, plan, tune, lr_law: dict | None,
                        laws_from: tuple[str, dict] | None, forecast=None) -> list[Path]:
     written: list[Path] = []
-    md = ["# Scaling-law report", ""]
+    # the answer first (a, the forecast, the hold-out), then how: forecast, conventions, fits;
+    # the plan, a wide table of inputs, last
+    md = ["# Scaling-law report", "", *answer_md(results, forecast)]
     if forecast is not None:
         from .forecast_report import forecast_md
 
         lines, files = forecast_md(forecast, forecast.study, out, results.options.n_boot)
         md += lines
         written += files
-    md += _header_md(results)[2:]
-    if plan is not None:
-        md += ["## Plan", "", _md_table(pd.DataFrame(plan)), ""]
+    md += ["## Conventions", "", *_header_md(results)[2:]]
     if tune is not None:
         md += _tune_md(tune, out)
         written += [out / p.name for p in tune.plots]
@@ -497,6 +503,8 @@ def _write_report_into(out: Path, results: ScalingResults, plan, tune, lr_law: d
         md += _variant_md(results, vf, plots)
     if results.comparison is not None:
         md += _comparison_md(results)
+    if plan is not None:
+        md += ["## Plan", "", _md_table(pd.DataFrame(plan)), ""]
     path = out / "report.md"
     atomic_write_text(path, "\n".join(md))
     written.append(path)
@@ -508,7 +516,7 @@ def _header_md(results: ScalingResults) -> list[str]:
     """Title, the conventions, the one FLOPs convention, and the fit notes."""
     opts = results.options
     md = ["# Scaling-law report", ""]
-    md += [f"Conventions: N = {opts.n_convention} parameters, FLOPs = {opts.flops_convention}; "
+    md += [f"N = {opts.n_convention} parameters, FLOPs = {opts.flops_convention}; "
            f"approaches {', '.join(map(str, opts.approaches))}; reference compute "
            f"C = {results.reference_compute:.3g}.", ""]
     fpts = "; ".join(f"`{v.variant}`: fpt(N) ≈ {v.flops_per_token.k:.3g} · N^{v.flops_per_token.p:.3f}"
@@ -554,9 +562,31 @@ def _comparison_md(results: ScalingResults) -> list[str]:
             _md_table(results.comparison), ""]
 
 
-HTML_STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+# tables fit the page: small type, cells wrap (headers after "_"), a table with many columns in
+# smaller type still, and a container that scrolls sideways should one still be too wide
+HTML_STYLE = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;"
+              "line-height:1.4}h1+h2+ul{background:#f3f6fb;border-left:4px solid #4a74c9;"
+              "padding:.6em 1em .6em 2em}.table{max-width:100%;overflow-x:auto;margin:.5em 0}"
               "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;"
-              "padding:2px 6px;text-align:right}img{max-width:100%}")
+              "padding:2px 5px;text-align:right;vertical-align:top;overflow-wrap:break-word}"
+              "th{background:#f4f4f4}table.wide{font-size:11px}.wide td,.wide th{padding:1px 3px}"
+              "img{max-width:100%;height:auto}")
+WIDE_TABLE = 10  # columns
+
+
+def _fit_tables(body: str) -> str:
+    """Each table in a scroll container, wide ones marked, a break allowed after each "_" of a
+    cell (column names such as tokens_per_param are the widest words)."""
+    import re
+
+    def one(m: re.Match) -> str:
+        table = re.sub(r">([^<]*)<", lambda t: ">" + t.group(1).replace("_", "_<wbr>") + "<", m.group(0))
+        header = table.split("</tr>", 1)[0]
+        if header.count("<th>") > WIDE_TABLE:
+            table = table.replace("<table>", "<table class='wide'>", 1)
+        return f"<div class='table'>{table}</div>"
+
+    return re.sub(r"<table>.*?</table>", one, body, flags=re.S)
 
 
 def write_html(md_path: Path) -> Path:
@@ -577,8 +607,9 @@ def write_html(md_path: Path) -> Path:
         return f"![{m.group(1)}](data:image/png;base64,{data})"
 
     text = re.sub(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)", embed, md_path.read_text())
-    body = MarkdownIt("commonmark").enable("table").render(text)
+    body = _fit_tables(MarkdownIt("commonmark").enable("table").render(text))
     html = (f"<!doctype html><html><head><meta charset='utf-8'><title>Scaling-law report</title>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<style>{HTML_STYLE}</style></head><body>{body}</body></html>")
     out = md_path.with_suffix(".html")
     out.write_text(html)

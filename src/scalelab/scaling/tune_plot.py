@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .plot_axes import legible_log_axes
 from .tune import VariantTune
 
 STYLES = ("-", "--", ":", "-.")
@@ -43,7 +44,8 @@ def _grid_panel(
                 ax.plot(r[f"{what}_opt"], r["loss_opt"], "*", color=col, ms=12, mec="k")
     ax.set_xscale("log")
     ax.set_ylabel("final loss (nats)")
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=7)
+    legible_log_axes(ax)
 
 
 def _law_curves(law: Any) -> list[tuple[np.ndarray, Any, str]]:
@@ -87,6 +89,7 @@ def _law_panel(bx: Any, tuned: dict[str, VariantTune], what: str, unit: str) -> 
     bx.set_ylabel(f"{sym}* ({unit})")
     bx.set_title(f"fitted {sym}* (optima of every tune budget)")
     bx.legend(fontsize=7)
+    legible_log_axes(bx, x=True, y=True)
 
 
 def plot_tune(runs: pd.DataFrame, tuned: dict[str, VariantTune], path: Path) -> Path:
@@ -108,7 +111,7 @@ def plot_hparams(runs: pd.DataFrame, tuned: dict[str, VariantTune], path: Path) 
     from .report import _plt, _save
 
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.5))  # at most ~1.3x shrunk to a report page
     cmap = plt.get_cmap("viridis")
     batch, beta2 = runs[runs["round"] == "batch"], runs[runs["round"] == "beta2"]
     if not batch.empty:
@@ -134,5 +137,6 @@ def plot_hparams(runs: pd.DataFrame, tuned: dict[str, VariantTune], path: Path) 
         cx.set_xlabel("1 - beta2 (dotted: chosen)")
         cx.set_ylabel("final loss (nats)")
         cx.set_title("loss vs beta2 per size at lr*(N), B*(N)")
-        cx.legend(fontsize=6)
+        cx.legend(fontsize=7)
+        legible_log_axes(cx)
     return _save(fig, path)
