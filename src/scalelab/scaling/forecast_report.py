@@ -52,7 +52,8 @@ def forecast_md(result: Any, study: pd.DataFrame, out: Path, n_boot: int) -> tup
         md += ["Every forecast run:", "", _table([
             {"run": r.run_name, "role": r.role, "N": f"{r.N:,.0f}", "D": f"{r.D:,.0f}",
              "lr": f"{r.lr:.3g}", "batch (tokens)": f"{r.batch:,}",
-             "forecast [95 %]": f"{r.loss_pred:.4f} [{r.loss_lo:.4f}, {r.loss_hi:.4f}]",
+             "forecast [95 %]": f"{r.loss_pred:.4f} [{r.loss_lo:.4f}, {r.loss_hi:.4f}]"
+             if r.loss_pred == r.loss_pred else "– (not the laws' lr and batch)",
              "actual": f"{r.loss_actual:.4f}" if r.loss_actual == r.loss_actual else "failed",
              "error": f"{r.error:+.2%}" if r.error == r.error else "",
              "covered": "" if r.covered is None else ("yes" if r.covered else "**no**")}
