@@ -137,3 +137,27 @@ def test_the_interval_grows_with_the_distance_of_the_forecast():
     assert fc.per_decade > 0.005
     (near, far) = (t.runs[0] for t in fc.targets)
     assert (far.loss_hi - far.loss_lo) / far.loss_pred > 1.8 * (near.loss_hi - near.loss_lo) / near.loss_pred
+
+
+def test_a_forecast_that_is_not_trained_is_reported_without_outcomes(tmp_path):
+    """sweep.forecast_train=false: forecast.csv with no actual loss, and the report's section
+    and the console lines say so instead of failing on the missing runs."""
+    from scalelab.scaling.forecast_report import forecast_md
+    from scalelab.scaling.forecast_stage import (
+        FORECAST_COLUMNS,
+        ForecastResult,
+        outcome_table,
+        summary_lines,
+        target_table,
+    )
+
+    runs = study_runs(seeds=2)
+    fc = make_forecast(runs, [10], family_shape, n_boot=5)
+    trained = outcome_table([], pd.DataFrame())
+    table = target_table(fc, trained)
+    assert list(table.columns) == FORECAST_COLUMNS and table["loss_actual"].isna().all()
+    result = ForecastResult(fc, table, trained, {}, runs)
+    assert summary_lines(result) == [summary_lines(result)[0]]
+    assert "not trained" in summary_lines(result)[0]
+    md, files = forecast_md(result, runs, tmp_path, n_boot=5)
+    assert "not trained" in "\n".join(md) and all(f.is_file() for f in files)

@@ -32,6 +32,9 @@ from .shape_search import shape_for
 
 FORECAST_COLUMNS = ["budget_multiple", "budget", "N_star", "D_star", "loss_pred", "loss_lo",
                     "loss_hi", "loss_actual"]
+RUN_COLUMNS = ["budget_multiple", "budget", "role", "lr_factor", "batch_factor", "N", "D", "lr",
+               "batch", "loss_pred", "loss_lo", "loss_hi", "loss_actual", "error", "covered",
+               "run_name"]
 MIN_BUDGETS = 3  # leave-one-budget-out cross-validation needs >= 2 budgets left to fit
 
 
@@ -185,7 +188,7 @@ def outcome_table(points: list[PlanPoint], got: pd.DataFrame) -> pd.DataFrame:
                      "loss_actual": actual, "error": actual / pred - 1 if pred == pred else math.nan,
                      "covered": bool(lo <= actual <= hi) if actual == actual and lo == lo else None,
                      "run_name": p.name})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)  # the columns even with no run trained
 
 
 def target_table(fc: Forecast, runs: pd.DataFrame) -> pd.DataFrame:
