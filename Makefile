@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # subprocesses, so 2 workers on 2 cores halve the wall time; capped at 4 (each worker may start
 # its own MLflow server, ~1.2 GB).
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
-PYTEST_PAR := -n $(TEST_JOBS) --dist load
+PYTEST_PAR := -n $(TEST_JOBS) --dist worksteal
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)

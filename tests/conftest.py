@@ -25,51 +25,10 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("SCALELAB_CONCURRENT_PROCS", os.environ["PYTEST_XDIST_WORKER_COUNT"])
 
 
-# Seconds the longest tests took in a CI run (`--durations`): only an order to hand tests out
-# in (the longest first), never a limit; a test not listed counts as 15 s if slow.
-LONGEST_FIRST = {
-    "tests/e2e/test_sweep_forecast.py::test_forecast_stage_trains_its_runs_and_scores_them": 111,
-    "tests/e2e/test_sweep_tune.py::test_tune_stage_seeds_and_heldout": 108,
-    "tests/e2e/test_gpu_check_smoke.py::test_gpu_check_cpu_smoke_passes_every_step": 60,
-    "tests/interop/test_eval_viz.py::test_eval_and_viz_log_back_to_the_run": 55,
-    "tests/tracking/test_outage.py::test_server_outage_mid_run_buffers_and_replays": 55,
-    "tests/cluster/test_slurm.py::test_requeue_and_pre_timeout_signal_continue_one_run_and_scancel_is_killed": 53,
-    "tests/e2e/test_sweep_kill.py::test_killed_points_are_reported_and_resumed": 52,
-    "tests/distributed/test_release.py::test_two_ranks_that_end_right_after_a_collective_exit_cleanly": 49,
-    "tests/e2e/test_sweep.py::test_cpu_tiny_sweep_then_rerun_trains_nothing": 47,
-    "tests/perf/test_bench.py::test_to_loss_trains_one_recipe_on_both_sides_a_seed_a_round": 46,
-    "tests/e2e/test_sweep_wsd.py::test_wsd_sweep_trains_branches_from_main_run_checkpoints": 43,
-    "tests/perf/test_bench.py::test_three_sides_run_end_to_end": 42,
-    "tests/e2e/test_sweep_heldout.py::test_a_changed_heldout_set_rescores_and_no_set_falls_back": 39,
-    "tests/cli/test_checkpoint_faults.py::test_finished_run_is_reopened_only_by_resume_with_more_steps": 38,
-    "tests/perf/test_bench.py::test_compare_runs_two_checkouts_in_turns": 37,
-    "tests/e2e/test_shakespeare.py::test_shakespeare_char_trains_samples_and_exports": 37,
-    "tests/distributed/test_fsdp_checkpoint.py::test_sharded_checkpoint_consolidates_to_a_plain_loadable_one": 34,
-    "tests/tracking/test_signals.py::test_every_step_is_logged_once_across_two_stops_and_two_resumes": 33,
-    "tests/distributed/test_ddp_cpu.py::test_multirun_sweep_with_ddp[submitit_local]": 32,
-    "tests/interop/test_hf.py::test_cli_trained_model_exports_to_transformers_and_trains_from_hf": 32,
-    "tests/cli/test_resume_same_run.py::test_refused_then_restarted_for_real": 30,
-    "tests/cluster/test_slurm.py::test_sweep_points_are_slurm_jobs_nested_under_the_parent": 29,
-    "tests/e2e/test_resume.py::test_sigkill_then_resume_continues_the_same_mlflow_run": 29,
-    "tests/e2e/test_sweep.py::test_failing_points_do_not_stop_the_others": 28,
-    "tests/tracking/test_signals.py::test_sigterm_checkpoints_marks_killed_exits_143_and_resumes": 27,
-    "tests/tracking/test_signals.py::test_slurm_usr1_checkpoints_and_the_requeued_job_resumes": 26,
-    "tests/distributed/test_ddp_cpu.py::test_multirun_sweep_with_ddp[basic]": 26,
-    "tests/e2e/test_objectives.py::test_seq2seq_reverse_reaches_high_exact_match": 25,
-    "tests/cli/test_hparams_search.py::test_a_killed_search_resumes_under_one_parent": 23,
-    "tests/cli/test_ux.py::test_max_time_stops_the_run_and_the_terminal_is_plain": 21,
-}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow (end-to-end) tests first, the longest of them first, the quick ones after:
-    xdist's workers (`--dist load` hands tests out in this order as each worker frees up) then
-    finish together on quick tests instead of one worker running a long test alone at the end."""
-    def cost(item: pytest.Item) -> tuple[bool, float]:
-        slow = item.get_closest_marker("slow") is not None
-        return (not slow, -LONGEST_FIRST.get(item.nodeid, 15 if slow else 0))
-
-    items.sort(key=cost)
+    """The slow (end-to-end) tests first, the quick ones after: xdist's workers then finish
+    together on quick tests instead of one worker running a long test alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")
