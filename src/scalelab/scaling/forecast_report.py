@@ -27,11 +27,14 @@ def forecast_md(result: Any, study: pd.DataFrame, out: Path, n_boot: int) -> tup
     result.table.to_csv(out / "forecast.csv", index=False)
     result.runs.to_csv(out / "forecast_runs.csv", index=False)
     plot = plot_forecast(result, study, out / "forecast.png")
+    trained = ("then trained (`sweep_stage=forecast`)" if not result.runs.empty
+               else "not trained (`sweep.forecast_train=false`)")
     md = ["## Forecast vs outcome", "",
           f"Forecast from the study at {', '.join(f'{m:g}x' for m in [t.multiple for t in fc.targets])} "
-          "its largest budget, then trained (`sweep_stage=forecast`). Each interval is 95 %: the "
-          "seeds' bootstrap, the forms kept by leave-one-budget-out cross-validation, the four "
-          "counting conventions, the forms' cross-validation error and one run's seed noise "
+          f"its largest budget, {trained}. Each interval is 95 %: the seeds' bootstrap, the forms "
+          "kept by leave-one-budget-out cross-validation, the four counting conventions, the "
+          "forms' error (their cross-validation error, or their forward extrapolation error times "
+          "the decades to the target, the larger) and one run's seed noise "
           f"({f'{fc.run_sd:.2%}' if fc.run_sd else 'not measured: one seed per point'}) "
           "(docs/scaling-study.md, *Forecast*).", ""]
     rows = []
