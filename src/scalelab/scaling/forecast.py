@@ -152,6 +152,13 @@ def shape_loss(form: Any, convention: str, shape: Shape, budget: float) -> float
     return float(form.loss(n, d, 6.0 * shape["n_params"] * d if six_nd else budget))
 
 
+def _errors_at(forms: list[Any], held: pd.DataFrame) -> np.ndarray:
+    """Relative error of the forms' mean loss at a budget's ``CV_POINTS`` best measured points."""
+    best = held.nsmallest(CV_POINTS, "loss")
+    pred = np.mean([f.loss(best["n"], best["d"], best["c"]) for f in forms], axis=0)
+    return pred / best["loss"].to_numpy(float) - 1.0
+
+
 def cross_validate(means: pd.DataFrame, convention: str) -> dict[str, float]:
     """Per form: refitted without each budget in turn, the rms relative error of its loss at
     that budget's ``CV_POINTS`` best points (the optimum's neighbourhood, measured: no form's
@@ -168,8 +175,7 @@ def cross_validate(means: pd.DataFrame, convention: str) -> dict[str, float]:
             form = fit_form(name, rest)
             if form is None:
                 continue
-            best = held.nsmallest(CV_POINTS, "loss")
-            errs += list(form.loss(best["n"], best["d"], best["c"]) / best["loss"] - 1.0)
+            errs += list(_errors_at([form], held))
             scored += 1
         out[name] = float(np.sqrt(np.mean(np.square(errs)))) if scored >= 2 else math.inf
     return out
@@ -188,9 +194,8 @@ def extrapolation_error(means: pd.DataFrame, convention: str, forms: list[str]) 
         fitted = [f for f in (fit_form(name, below) for name in forms) if f is not None]
         if not fitted:
             continue
-        best = pts[pts["budget"] == budgets[k]].nsmallest(CV_POINTS, "loss")
-        pred = np.mean([f.loss(best["n"], best["d"], best["c"]) for f in fitted], axis=0)
-        rates += list((pred / best["loss"] - 1.0) / math.log10(budgets[k] / budgets[k - 1]))
+        err = _errors_at(fitted, pts[pts["budget"] == budgets[k]])
+        rates += list(err / math.log10(budgets[k] / budgets[k - 1]))
     return float(np.sqrt(np.mean(np.square(rates)))) if rates else 0.0
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 
 from .forecast import exponent_by_convention
 from .forecast_stage import allocation_check, grid_check
+from .markdown import md_table
 from .plot_axes import legible_log_axes
 
 CONVENTION_TEXT = {"non_embedding": "N without embeddings, exact FLOPs",
@@ -49,10 +50,10 @@ def forecast_md(result: Any, study: pd.DataFrame, out: Path, n_boot: int) -> tup
                      "error": f"{actual / r.loss_pred - 1:+.2%}" if actual == actual else "",
                      "covered": ("yes" if r.loss_lo <= actual <= r.loss_hi else "**no**")
                      if actual == actual else ""})
-    md += [_table(rows), ""]
+    md += [md_table(pd.DataFrame(rows)), ""]
     runs = result.runs
     if not runs.empty:
-        md += ["Every forecast run:", "", _table([
+        md += ["Every forecast run:", "", md_table(pd.DataFrame([
             {"run": r.run_name, "role": r.role, "N": f"{r.N:,.0f}", "D": f"{r.D:,.0f}",
              "lr": f"{r.lr:.3g}", "batch (tokens)": f"{r.batch:,}",
              "forecast [95 %]": f"{r.loss_pred:.4f} [{r.loss_lo:.4f}, {r.loss_hi:.4f}]"
@@ -60,7 +61,7 @@ def forecast_md(result: Any, study: pd.DataFrame, out: Path, n_boot: int) -> tup
              "actual": f"{r.loss_actual:.4f}" if r.loss_actual == r.loss_actual else "failed",
              "error": f"{r.error:+.2%}" if r.error == r.error else "",
              "covered": "" if r.covered is None else ("yes" if r.covered else "**no**")}
-            for r in runs.itertuples()]), ""]
+            for r in runs.itertuples()])), ""]
     md += _checks_md(result)
     cv = ", ".join(f"{k} {v:.2%}" if math.isfinite(v) else f"{k} (too few budgets)"
                    for k, v in fc.cv_error.items())
@@ -96,7 +97,7 @@ def exponent_md(study: pd.DataFrame, n_boot: int) -> list[str]:
              "half-width": f"±{(r.a_hi - r.a_lo) / 2:.3f}"} for r in table.itertuples()]
     return ["### a in four counting conventions", "",
             "Approach 2 through the IsoFLOP minima (unweighted), the seeds resampled; the last row "
-            "is the interval that includes the convention's choice.", "", _table(rows), ""]
+            "is the interval that includes the convention's choice.", "", md_table(pd.DataFrame(rows)), ""]
 
 
 def plot_forecast(result: Any, study: pd.DataFrame, path: Path) -> Path:
@@ -136,12 +137,3 @@ def plot_forecast(result: Any, study: pd.DataFrame, path: Path) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return ""
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)

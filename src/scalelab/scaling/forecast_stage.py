@@ -104,7 +104,8 @@ def run_forecast_stage(plan: Plan, study: pd.DataFrame, settings: Any, base: Any
     atomic_write_text(folder / "forecast_runs.csv", runs.to_csv(index=False))
     for name in ("forecast.csv", "forecast_runs.csv"):
         parent.log_artifact(folder / name, "forecast")
-    _log_outcomes(parent, runs, table)
+    _log_outcomes(parent, runs, table,
+                  dict(zip(got["point"], got["run_id"], strict=True)) if points else {})
     return ForecastResult(fc, table, runs, failed, finished)
 
 
@@ -262,13 +263,10 @@ def summary_lines(result: ForecastResult) -> list[str]:
     return lines
 
 
-def _log_outcomes(parent: Any, runs: pd.DataFrame, table: pd.DataFrame) -> None:
-    """Outcome metrics on every forecast child (its forecast went on as tags at launch) and the
-    per-target numbers on the parent."""
-    ids = {}
-    if not runs.empty:
-        by_name = {c.tags.get("sweep_point"): c.run_id for c in parent.children()}
-        ids = {r.run_name: by_name.get(r.run_name) for r in runs.itertuples()}
+def _log_outcomes(parent: Any, runs: pd.DataFrame, table: pd.DataFrame,
+                  ids: dict[str, str]) -> None:
+    """Outcome metrics on every forecast child (its forecast went on as tags at launch; ``ids``:
+    point name -> its finished run, as collected) and the per-target numbers on the parent."""
     for r in runs.itertuples():
         if ids.get(r.run_name) and r.loss_actual == r.loss_actual:
             parent.log_child_metrics(ids[r.run_name], {

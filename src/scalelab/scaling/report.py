@@ -6,7 +6,6 @@ the sweep can log them as MLflow artifacts.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from .fit import Estimate, ScalingResults, VariantFit
 from .fit_data import measured_sigma
 from .fit_holdout import fmt_error
 from .laws import law_text
+from .markdown import md_table
 from .plot_axes import legible_log_axes
 from .published_laws import CHINCHILLA, EPOCH_2024
 from .report_answer import answer_md
@@ -194,20 +194,6 @@ def plot_parametric(vf: VariantFit, path: Path) -> Path:
     return _save(fig, path)
 
 
-def _md_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
-    def cell(v) -> str:
-        if isinstance(v, Estimate):
-            return v.fmt(4)
-        if isinstance(v, float | np.floating):
-            return "" if math.isnan(v) else format(float(v), floatfmt)
-        return str(v)
-
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
-
-
 def estimates_table(vf: VariantFit) -> pd.DataFrame:
     """Every fitted quantity of a variant with its CI (the CLI prints this too)."""
     rows = [{"quantity": k, "value": e.value, "ci_lo": e.lo, "ci_hi": e.hi, "n_boot_ok": e.n}
@@ -294,7 +280,7 @@ def _power_law_md(vf: VariantFit) -> list[str]:
         return ["**Does N_opt follow a power law?** Not tested: that needs >= 3 usable budgets and "
                 "the vertices' errors (>= 2 seeds per point and noise weights).", ""]
     out = [f"**Does N_opt follow a power law?** {check.summary()}.", "",
-           _md_table(check.local.assign(a_ci95=1.96 * check.local["a_se"]).drop(columns="a_se")), ""]
+           md_table(check.local.assign(a_ci95=1.96 * check.local["a_se"]).drop(columns="a_se")), ""]
     est = vf.estimates.get("approach2.a")
     if check.misfit and est is not None and np.isfinite(est.lo):
         half = check.scale * (est.hi - est.lo) / 2
@@ -352,16 +338,16 @@ def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) 
     out += [f"- Approach {k}: {why}" for k, why in sorted(vf.used.items())]
     out += [f"- Approach {k}: **skipped** — {why}" for k, why in sorted(vf.skipped.items())]
     out += ["", *_noise_md(vf, results)]
-    out += ["### Runs", "", _md_table(vf.runs.drop(columns=["variant"]).assign(
+    out += ["### Runs", "", md_table(vf.runs.drop(columns=["variant"]).assign(
         tokens_per_param=vf.runs["D"] / vf.runs["N"])), ""]
     out += ["### Fitted parameters", "",
             f"{results.options.ci:.0%} bootstrap percentile intervals over {results.options.n_boot} "
             f"replicates; tokens per parameter and optimal loss at the reference compute "
-            f"C = {results.reference_compute:.3g} FLOPs.", "", _md_table(estimates_table(vf)), ""]
+            f"C = {results.reference_compute:.3g} FLOPs.", "", md_table(estimates_table(vf)), ""]
     out += ["### Compared with published laws", "",
             "Chinchilla's a, b are its Approaches 1-2 (≈ 0.5); its Approach 3 law implies a = 0.45. "
             "Tokens per parameter for the published laws is the usual ≈ 20 rule.", "",
-            _md_table(_published_table(vf)), ""]
+            md_table(_published_table(vf)), ""]
     if vf.approach3 is not None:
         f = vf.approach3
         out += [f"Approach 3 objective {f.objective:.4g} ({f.options.get('reduction')}-reduced Huber, "
@@ -371,7 +357,7 @@ def _variant_md(results: ScalingResults, vf: VariantFit, plots: dict[str, str]) 
                     f"{vf.form.sentence()}.", "", *_misfit_widened(vf)]
     if vf.approach2 is not None:
         t = vf.approach2.budgets
-        out += ["### IsoFLOP budgets (Approach 2)", "", _md_table(t[["budget", "n_sizes", "N_opt", "D_opt",
+        out += ["### IsoFLOP budgets (Approach 2)", "", md_table(t[["budget", "n_sizes", "N_opt", "D_opt",
                                                                      "loss_opt", "flagged", "reason"]]), ""]
         flagged = t[t["flagged"]]
         if len(flagged):
@@ -434,9 +420,9 @@ def _tune_md(tune, out: Path) -> list[str]:
         for law in (t.lr, t.batch):
             if law is not None:
                 note = f" ({law.basis_note()})" if law.basis_note() else ""
-                md += [f"**{law.describe()}**{note}", "", _md_table(law.sizes), ""]
+                md += [f"**{law.describe()}**{note}", "", md_table(law.sizes), ""]
         if t.beta2 is not None:
-            md += [f"**beta2 = {t.beta2.best:g}**", "", _md_table(t.beta2.table), ""]
+            md += [f"**beta2 = {t.beta2.best:g}**", "", md_table(t.beta2.table), ""]
     md += [f"- note: {n}" for n in tune.notes] + ([""] if tune.notes else [])
     return md
 
@@ -504,7 +490,7 @@ def _write_report_into(out: Path, results: ScalingResults, plan, tune, lr_law: d
     if results.comparison is not None:
         md += _comparison_md(results)
     if plan is not None:
-        md += ["## Plan", "", _md_table(pd.DataFrame(plan)), ""]
+        md += ["## Plan", "", md_table(pd.DataFrame(plan)), ""]
     path = out / "report.md"
     atomic_write_text(path, "\n".join(md))
     written.append(path)
@@ -559,7 +545,7 @@ def _comparison_md(results: ScalingResults) -> list[str]:
             f"at C' equals the variant's at C = {c:.3g} (Approach 3, the "
             f"data's FLOPs convention): how much more compute the baseline needs for the "
             f"variant's loss (> 1: the variant is better), with its bootstrap interval.", "",
-            _md_table(results.comparison), ""]
+            md_table(results.comparison), ""]
 
 
 # tables fit the page: small type, cells wrap (headers after "_"), a table with many columns in
