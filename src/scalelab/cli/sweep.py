@@ -168,11 +168,16 @@ def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
     collected = _collect(parent, plan, spec, settings, sweep_dir)
     fit_lines: list[str] = []
     if settings.fit and not collected.runs.empty:
-        forecast = _forecast(plan, collected, settings, base, sweep_dir, parent, scorer, console)
-        if forecast is not None:
-            outcome.failed |= forecast.failed
-        fit_lines = fit_and_report(collected, plan, settings, sweep_dir, parent, console, tuned,
-                                   forecast)
+        try:  # the forecast stage trains for minutes too: a Ctrl-C there ends the parent KILLED
+            forecast = _forecast(plan, collected, settings, base, sweep_dir, parent, scorer,
+                                 console)
+            if forecast is not None:
+                outcome.failed |= forecast.failed
+            fit_lines = fit_and_report(collected, plan, settings, sweep_dir, parent, console,
+                                       tuned, forecast)
+        except KeyboardInterrupt:
+            parent.end("KILLED")
+            raise
     wall = time.time() - t_start
     parent.log_metrics({"sweep/points": len(plan.points), "sweep/finished": len(collected.runs),
                         "sweep/failed": len(outcome.failed), "sweep/wall_seconds": wall,
