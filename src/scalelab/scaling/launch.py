@@ -15,6 +15,7 @@ FINISHED child already exists in MLflow is skipped on a rerun (``scaling/sweep_s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -164,7 +165,9 @@ class SweepRunner:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             try:
                 while proc.poll() is None:
-                    time.sleep(self.poll_s)
+                    # wait() rather than sleep(): the sweep goes on the moment the launch ends
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=self.poll_s)
                     self._report_progress(points, started, out)
             except KeyboardInterrupt:
                 proc.send_signal(signal.SIGINT)
