@@ -26,9 +26,26 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow (end-to-end) tests first, the quick ones after: xdist's workers then finish
-    together on quick tests instead of one worker running a long test alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Each xdist worker's share starts with its slow (end-to-end) tests, the quick ones after.
+
+    `--dist worksteal` gives worker j the j-th contiguous block of this list (sizes
+    remaining // workers left), and an idle worker steals from the end of another's block. So
+    the slow tests are dealt out in turn to the blocks' heads and the quick ones fill the rest:
+    no worker starts with all the slow tests, and the workers end together on quick tests
+    instead of one running a long test alone at the end."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    slow = [i for i in items if i.get_closest_marker("slow") is not None]
+    quick = [i for i in items if i.get_closest_marker("slow") is None]
+    ordered: list[pytest.Item] = []
+    for j in range(workers):
+        size = (len(items) - len(ordered)) // (workers - j)
+        block = slow[j::workers][:size]
+        take = size - len(block)
+        block += quick[:take]
+        del quick[:take]
+        ordered += block
+    dealt = {id(i) for i in ordered}
+    items[:] = ordered + [i for i in slow if id(i) not in dealt] + quick
 
 
 @pytest.fixture(scope="session")
