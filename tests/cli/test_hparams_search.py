@@ -34,6 +34,10 @@ def test_the_pruner_stops_a_worse_run_through_the_shared_storage(tmp_path: Path)
     assert trainer.should_stop and cb.pruned_at == 2
     seen = study.get_trials(deepcopy=False)[asked.number]  # the search's own handle
     assert seen.intermediate_values == {2: 3.0} and seen.user_attrs == {PRUNED_AT: 2}
+    # a job that cannot reach the study (another machine, no shared file): one line, the fix
+    with pytest.raises(ValueError, match="SCALELAB_OPTUNA_STORAGE") as e:
+        open_trial(f"sqlite:///{tmp_path / 'elsewhere' / 'optuna.db'}", "s", 1, None)
+    assert "hydra.sweeper.storage" in str(e.value) and "\n" not in str(e.value)
 
 
 def _search(tmp: Path, shared: Path, train_cli, n_trials: int) -> list[str]:

@@ -38,12 +38,21 @@ def open_trial(storage: str, study_name: str, number: int, pruner: Any) -> Any:
     whose ``report`` / ``should_prune`` go to that storage (Optuna's public storage API)."""
     import optuna
 
-    store = optuna.storages.RDBStorage(storage)
-    # the job only reports: a plain sampler, so nothing is sampled or fitted here
-    study = optuna.load_study(study_name=study_name, storage=store, pruner=pruner,
-                              sampler=optuna.samplers.RandomSampler())
-    study_id = store.get_study_id_from_name(study_name)
-    return optuna.trial.Trial(study, store.get_trial_id_from_study_id_trial_number(study_id, number))
+    try:
+        store = optuna.storages.RDBStorage(storage)
+        # the job only reports: a plain sampler, so nothing is sampled or fitted here
+        study = optuna.load_study(study_name=study_name, storage=store, pruner=pruner,
+                                  sampler=optuna.samplers.RandomSampler())
+        study_id = store.get_study_id_from_name(study_name)
+        trial_id = store.get_trial_id_from_study_id_trial_number(study_id, number)
+    except Exception as e:  # the job cannot reach the search's study: one line, the fix
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"hydra.sweeper.storage: this trial's job cannot open trial {number} of study "
+            f"{study_name!r} ({why}); trials in other processes or machines need a storage they "
+            "all reach: set SCALELAB_OPTUNA_STORAGE to a PostgreSQL URL (make cluster-up prints "
+            "one)") from None
+    return optuna.trial.Trial(study, trial_id)
 
 
 class PruneOnValLoss(pl.Callback):
