@@ -1,7 +1,7 @@
 """An Optuna search whose study lives on the cluster's PostgreSQL server (the database
-`make cluster-up` makes for it) and whose trials run in parallel in other processes (joblib):
-each trial reports its val loss to the shared study from its own process, and the pruner stops
-the worse ones there."""
+`make cluster-up` makes for it) and whose trials run in parallel as SLURM jobs: each trial
+reports its val loss to the shared study from its own job, and the pruner stops the worse ones
+there."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_parallel_trials_prune_against_a_postgresql_study(cluster, tmp_path: Pat
     study_name = f"pg_{tmp_path.name}"
     cmd = [sys.executable, "-m", "scalelab.cli.train", "-m", "+experiment=shakespeare_char",
            "hparams_search=shakespeare_char_optuna", f"hydra.sweeper.study_name={study_name}",
-           "hydra/launcher=joblib", "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=4",
+           "hydra/launcher=slurm_cpu", "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=4",
            "hydra.sweeper.sampler=random", "hydra.sweeper.seed=0",
            "hydra.sweeper.pruner_startup_trials=1",
            # one lr that learns and one that cannot: the second batch has a trial to prune
