@@ -2,7 +2,8 @@
 # `make cluster-up`: a single-node SLURM (munge, MariaDB for accounting, slurmdbd, slurmctld,
 # slurmd) and an MLflow tracking server on PostgreSQL, all on 127.0.0.1, all state in one folder:
 # $SCALELAB_CLUSTER_DIR (default <repo>/.cluster). Idempotent: a part already running is left
-# alone. Ends by printing the lines to paste (MLFLOW_TRACKING_URI, SLURM_CONF).
+# alone. Ends by printing the lines to paste (MLFLOW_TRACKING_URI, SLURM_CONF, and the Optuna
+# storage: SCALELAB_OPTUNA_STORAGE, PGPASSFILE).
 # Runs as root (SLURM's daemons do); installs the Debian packages if they are missing.
 # docs/cluster.md says what each part is for; scripts/cluster_down.sh stops them all.
 set -euo pipefail
@@ -195,6 +196,11 @@ psql_pg() { as_pg "$PGBIN/psql" -h "$DIR/pg" -p "$POSTGRES_PORT" -U postgres -v 
     || psql_pg "CREATE ROLE mlflow LOGIN PASSWORD '$PGPASS'"
 [[ $(psql_pg "SELECT 1 FROM pg_database WHERE datname='mlflow'") == 1 ]] \
     || psql_pg "CREATE DATABASE mlflow OWNER mlflow"
+# Optuna's study store (hparams_search): a database of its own, since Optuna and MLflow both
+# keep an alembic_version table. libpq reads the password from pgpass, so the URL holds none.
+[[ $(psql_pg "SELECT 1 FROM pg_database WHERE datname='optuna'") == 1 ]] \
+    || psql_pg "CREATE DATABASE optuna OWNER mlflow"
+(umask 077; printf '127.0.0.1:%s:optuna:mlflow:%s\n' "$POSTGRES_PORT" "$PGPASS" >"$DIR/pg/pgpass")
 
 # --- the MLflow tracking server ----------------------------------------------------------------
 URI="http://127.0.0.1:$MLFLOW_PORT"
@@ -214,3 +220,5 @@ health || die "the MLflow server at $URI does not answer; see $DIR/mlflow/server
 
 echo "export MLFLOW_TRACKING_URI=$URI"
 echo "export SLURM_CONF=$SLURM_CONF"
+echo "export SCALELAB_OPTUNA_STORAGE=postgresql+psycopg://mlflow@127.0.0.1:$POSTGRES_PORT/optuna"
+echo "export PGPASSFILE=$DIR/pg/pgpass"

@@ -10,24 +10,34 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
+import pytest
 import yaml
 
-from scalelab.training.pruning import PRUNED, PruneOnValLoss
+from scalelab.training.pruning import PRUNED_AT, PruneOnValLoss, make_pruner, open_trial
 
 
-def test_the_pruner_stops_a_worse_run() -> None:
-    """A real Optuna trial behind the callback: reported values, a prune, the stop."""
-    study = optuna.create_study(pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+def test_the_pruner_stops_a_worse_run_through_the_shared_storage(tmp_path: Path) -> None:
+    """A job's trial opened from the study's storage (as a job in another process opens it):
+    its reports land there, the pruner stops it, and the search sees the step it stopped at."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=storage, load_if_exists=False,
+                                pruner=make_pruner("median", 1, 0))
     good = study.ask()
     good.report(1.0, 2)
     study.tell(good, 1.0)
-    trial = study.ask()
-    cb = PruneOnValLoss(trial)
+    asked = study.ask()
+    cb = PruneOnValLoss(open_trial(storage, "s", asked.number, make_pruner("median", 1, 0)))
     trainer = SimpleNamespace(callback_metrics={"val/loss": 3.0}, global_step=2,
-                              sanity_checking=False, should_stop=False)
+                              sanity_checking=False, should_stop=False,
+                              strategy=SimpleNamespace(reduce_boolean_decision=lambda d, all: d))
     cb.on_validation_end(trainer, None)
-    assert trainer.should_stop and cb.pruned_at == 2 and trial.number in PRUNED
-    PRUNED.discard(trial.number)
+    assert trainer.should_stop and cb.pruned_at == 2
+    seen = study.get_trials(deepcopy=False)[asked.number]  # the search's own handle
+    assert seen.intermediate_values == {2: 3.0} and seen.user_attrs == {PRUNED_AT: 2}
+    # a job that cannot reach the study (another machine, no shared file): one line, the fix
+    with pytest.raises(ValueError, match="SCALELAB_OPTUNA_STORAGE") as e:
+        open_trial(f"sqlite:///{tmp_path / 'elsewhere' / 'optuna.db'}", "s", 1, None)
+    assert "hydra.sweeper.storage" in str(e.value) and "\n" not in str(e.value)
 
 
 def _search(tmp: Path, shared: Path, train_cli, n_trials: int) -> list[str]:
@@ -46,6 +56,7 @@ def _default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_a_killed_search_resumes_under_one_parent(tmp_path: Path, shared_data_dir: Path,
                                                   train_cli) -> None:
     from mlflow.tracking import MlflowClient

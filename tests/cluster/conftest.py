@@ -1,5 +1,6 @@
-"""A real single-node SLURM and an MLflow server on PostgreSQL, started by the project's own
-scripts (scripts/cluster_up.sh, scripts/cluster_down.sh) once per test session.
+"""A real single-node SLURM, an MLflow server on PostgreSQL and an Optuna database beside it,
+started by the project's own scripts (scripts/cluster_up.sh, scripts/cluster_down.sh) once per
+test session.
 
 Under pytest-xdist the workers share one cluster: the first to arrive brings it up, the last to
 leave takes it down (a counter under a file lock in the session's shared temp folder).
@@ -28,12 +29,15 @@ class Cluster:
     folder: Path
     tracking_uri: str
     slurm_conf: str
+    optuna_storage: str  # a PostgreSQL database of its own; the password is in pgpass_file
+    pgpass_file: str
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a command that submits jobs and tracks on the server: jobs
         inherit it (sbatch --export=ALL), PYTHONPATH included."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
         env.update(MLFLOW_TRACKING_URI=self.tracking_uri, SLURM_CONF=self.slurm_conf,
+                   SCALELAB_OPTUNA_STORAGE=self.optuna_storage, PGPASSFILE=self.pgpass_file,
                    PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1", TQDM_DISABLE="1")
         env.update(extra)
         return env
@@ -81,7 +85,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterato
     lines = dict(ln.removeprefix("export ").split("=", 1) for ln in r.stdout.splitlines()
                  if ln.startswith("export "))
     try:
-        yield Cluster(folder, lines["MLFLOW_TRACKING_URI"], lines["SLURM_CONF"])
+        yield Cluster(folder, lines["MLFLOW_TRACKING_URI"], lines["SLURM_CONF"],
+                      lines["SCALELAB_OPTUNA_STORAGE"], lines["PGPASSFILE"])
     finally:
         with open(shared / "cluster.lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -92,6 +92,38 @@ def test_tracker_statuses_parent_and_resume(tmp_path: Path) -> None:
     assert again.run_name == "r #4"
 
 
+def test_a_sweep_point_trained_again_takes_its_name_back(tmp_path: Path) -> None:
+    """The run folder of a sweep point is runs/<point>: its new run is <point> in MLflow too,
+    and the earlier runs of the point say which attempt they were."""
+    from mlflow.tracking import MlflowClient
+    from tests.conftest import sqlite_store
+
+    from scalelab.tracking.run import Tracker
+
+    uri = sqlite_store(tmp_path / "mlruns.db")
+    client = MlflowClient(uri)
+    exp = client.create_experiment("sweep_x", artifact_location=str(tmp_path / "a"))
+    parent = client.create_run(exp, run_name="sweep_x").info.run_id
+
+    def earlier(name: str, point: str, status: str) -> str:
+        run = client.create_run(exp, run_name=name, tags={
+            "mlflow.parentRunId": parent, "sweep_point_id": point})
+        if status != "RUNNING":
+            client.set_terminated(run.info.run_id, status)
+        return run.info.run_id
+
+    failed = earlier("p001_ab", "ab", "FAILED")
+    killed = earlier("p001_ab #2", "ab", "KILLED")  # as a repeat was named before
+    other = earlier("p001_ab #3", "cd", "FAILED")  # another point's run: not an attempt of ab
+    retry = Tracker.start(uri, "sweep_x", "p001_ab", {"sweep_point_id": "ab"},
+                          parent_run_id=parent)
+    live = Tracker.start(uri, "sweep_x", "p001_ab", {"sweep_point_id": "ab"},
+                         parent_run_id=parent)  # `retry` still runs: it keeps its name
+    assert [retry.run_name, live.run_name] == ["p001_ab", "p001_ab #2"]
+    names = [client.get_run(r).info.run_name for r in (failed, killed, other)]
+    assert names == ["p001_ab (attempt 1)", "p001_ab (attempt 2)", "p001_ab #3"]
+
+
 def test_a_repeated_name_takes_the_first_free_number(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
     from tests.conftest import sqlite_store

@@ -3,9 +3,11 @@
 Optuna's public API only (create_study / ask / tell): the search space is Hydra's sweep syntax
 (``interval``, ``tag(log, interval(...))``, ``int(interval(...))``, ``range``, ``choice``) under
 ``hydra.sweeper.params`` or on the command line. Each batch of ``n_jobs`` trials goes through
-the configured Hydra launcher (basic: one after another in this process, with pruning; joblib or
-submitit: in parallel). The study lives in an RDB storage (default ``<root>/optuna.db``), so a
-search started again with the same study name goes on where it stopped. Each trial is a job of
+the configured Hydra launcher (basic: one after another in this process; joblib or submitit:
+in parallel, in other processes). The study lives in an RDB storage (default
+``<root>/optuna.db``; PostgreSQL for trials on several machines): each job opens its trial there
+to report its val loss for pruning (training/pruning.py), and a search started again with the
+same study name goes on where it stopped. Each trial is a job of
 the multirun, hence a child of its one MLflow parent run. The best trial is printed and saved as
 a ready-to-run command (``<sweep dir>/best_trial.yaml``).
 """
@@ -47,7 +49,6 @@ class OptunaSweeper(Sweeper):
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config)
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
-        self.in_process = "BasicLauncher" in type(self.launcher).__name__
 
     # --- the search ---------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> None:
@@ -57,17 +58,18 @@ class OptunaSweeper(Sweeper):
         if not space:
             raise ValueError("hparams_search: no search space; set hydra.sweeper.params "
                              "(e.g. optim.lr: tag(log, interval(1e-4, 1e-2))) in the preset")
+        from scalelab.training.pruning import make_pruner
+
+        pruner = make_pruner(self.pruner, self.pruner_startup_trials, self.pruner_warmup_steps)
         study = optuna.create_study(
             study_name=self.study_name, storage=_storage(self.storage), direction=self.direction,
-            sampler=self._sampler(), pruner=self._pruner(), load_if_exists=True)
+            sampler=self._sampler(), pruner=pruner, load_if_exists=True)
         stale = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         for t in stale:  # an interrupted search: its unfinished trials failed
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
         left = self.n_trials - len(study.trials)
-        print(f"[optuna] study {self.study_name!r} in {self.storage}: {len(study.trials)} "
-              f"trial(s) done, {max(left, 0)} to run, {self.n_jobs} at a time"
-              + ("" if self.in_process or self.pruner == "none"
-                 else "; pruning needs the basic launcher (trials here run to the end)"),
+        print(f"[optuna] study {self.study_name!r} in {_shown(self.storage)}: "
+              f"{len(study.trials)} trial(s) done, {max(left, 0)} to run, {self.n_jobs} at a time",
               flush=True)
         while left > 0:
             batch = [study.ask() for _ in range(min(self.n_jobs, left))]
@@ -79,7 +81,7 @@ class OptunaSweeper(Sweeper):
              space: dict[str, Any]) -> None:
         import optuna
 
-        from scalelab.training.pruning import ACTIVE_TRIALS, PRUNED
+        from scalelab.training.pruning import PRUNED_AT
 
         jobs = []
         for trial in batch:
@@ -87,14 +89,10 @@ class OptunaSweeper(Sweeper):
             trial.set_user_attr("overrides", chosen)
             # the chosen values first: the job's name (config/run_name.py) starts with them
             jobs.append([*chosen, *fixed, f"optuna_trial={trial.number}"])
-            if self.in_process:
-                ACTIVE_TRIALS[trial.number] = trial
         self.validate_batch_is_legal(jobs)
-        try:
-            returns = self.launcher.launch(jobs, initial_job_idx=batch[0].number)
-        finally:
-            for trial in batch:
-                ACTIVE_TRIALS.pop(trial.number, None)
+        returns = self.launcher.launch(jobs, initial_job_idx=batch[0].number)
+        # what the jobs wrote to the storage from their own processes (pruned_at_step)
+        attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
         for trial, ret in zip(batch, returns, strict=True):
             run_id = _run_id(ret.hydra_cfg)
             if run_id:  # the trial's MLflow run, for the parent's best-trial tags
@@ -107,10 +105,10 @@ class OptunaSweeper(Sweeper):
                 print(f"[optuna] trial {trial.number} failed: {why}", flush=True)
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 continue
-            if trial.number in PRUNED:
-                PRUNED.discard(trial.number)
+            if PRUNED_AT in attrs.get(trial.number, {}):
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                print(f"[optuna] trial {trial.number} pruned", flush=True)
+                print(f"[optuna] trial {trial.number} pruned at step "
+                      f"{attrs[trial.number][PRUNED_AT]}", flush=True)
             elif value is None:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
             else:
@@ -137,7 +135,7 @@ class OptunaSweeper(Sweeper):
         out = self.sweep_dir / "best_trial.yaml"
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(OmegaConf.create({
-            "study": self.study_name, "storage": self.storage, "trial": best.number,
+            "study": self.study_name, "storage": _shown(self.storage), "trial": best.number,
             "value": best.value, "params": params, "command": command}), out)
         print(f"[optuna] best trial {best.number}: {best.value:.4f}  {' '.join(chosen)}", flush=True)
         print(f"[optuna] run it: {command}  (saved in {out})", flush=True)
@@ -173,16 +171,6 @@ class OptunaSweeper(Sweeper):
         if self.sampler not in samplers:
             raise ValueError(f"hydra.sweeper.sampler={self.sampler!r}: choose tpe or random")
         return samplers[self.sampler](seed=self.seed)
-
-    def _pruner(self) -> Any:
-        import optuna
-
-        if self.pruner == "none":
-            return optuna.pruners.NopPruner()
-        if self.pruner == "median":
-            return optuna.pruners.MedianPruner(n_startup_trials=int(self.pruner_startup_trials),
-                                               n_warmup_steps=int(self.pruner_warmup_steps))
-        raise ValueError(f"hydra.sweeper.pruner={self.pruner!r}: choose median or none")
 
 
 # --- the search space ------------------------------------------------------------------------
@@ -247,3 +235,13 @@ def _storage(url: str) -> str:
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     return url
+
+
+def _shown(url: str) -> str:
+    """The storage URL as printed and saved: without its password, if it holds one."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy reads: Optuna will say so
+        return url

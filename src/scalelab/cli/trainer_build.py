@@ -24,17 +24,25 @@ def build_trainer(cfg: DictConfig, spec: RunSpec, tracker: Any, out_dir: Path,
 
 
 def _pruning(cfg: DictConfig, tracker: Any) -> list[Any]:
-    """An Optuna search's job (``optuna_trial``) in the search's own process: report the val
-    loss to its trial and stop when the pruner says so (training/pruning.py)."""
-    from scalelab.training.pruning import ACTIVE_TRIALS, PruneOnValLoss
+    """An Optuna search's job (``optuna_trial``): report the val loss to its trial in the
+    study's storage and stop when the pruner says so (training/pruning.py). The study's name,
+    storage and pruner are the search's own (``hydra.sweeper``), whichever process runs this."""
+    from scalelab.tracking import is_global_zero
+    from scalelab.training.pruning import PruneOnValLoss, make_pruner, open_trial
 
-    trial = ACTIVE_TRIALS.get(cfg.get("optuna_trial")) if cfg.get("optuna_trial") is not None \
-        else None
-    if trial is None:
+    number = cfg.get("optuna_trial")
+    search = HydraConfig.get().sweeper if HydraConfig.initialized() else None
+    if number is None or search is None or search.get("pruner", "none") == "none" \
+            or not str(search.get("_target_", "")).endswith(".OptunaSweeper"):
         return []
+    trial = None
+    if is_global_zero():  # one rank reports; its decision stops them all
+        pruner = make_pruner(str(search.pruner), int(search.pruner_startup_trials),
+                             int(search.pruner_warmup_steps))
+        trial = open_trial(str(search.storage), str(search.study_name), int(number), pruner)
 
     def record(step: int, value: float) -> None:  # the run says truthfully why it ended early
-        tracker.set_tags({"optuna.pruned_at_step": step, "optuna.trial": trial.number})
+        tracker.set_tags({"optuna.pruned_at_step": step, "optuna.trial": int(number)})
 
     return [PruneOnValLoss(trial, on_prune=record)]
 

@@ -25,7 +25,7 @@ from scalelab.tracking.guard import StatusGuarded
 from scalelab.tracking.null import NullTracker
 from scalelab.tracking.process import process_alive
 from scalelab.tracking.redact import redact
-from scalelab.tracking.run_names import unique_run_name
+from scalelab.tracking.run_names import POINT_ID_TAG, retire_earlier_attempts, unique_run_name
 from scalelab.tracking.spool import Spool, coalesce, read_pending
 from scalelab.tracking.store import (
     PROBE_TIMEOUT_S,
@@ -151,6 +151,10 @@ class Tracker(StatusGuarded):
                        outage_wait_s=outage_wait_s, metrics_interval_s=metrics_interval_s)
 
         exp_id = get_or_create_experiment(client, experiment_name, tracking_uri, artifact_root)
+        point = tags.get(POINT_ID_TAG)
+        if parent_run_id and point:  # a sweep point trained again takes its own name back
+            for new in retire_earlier_attempts(client, exp_id, parent_run_id, point, run_name):
+                log.info("an earlier run of this sweep point is now named %r", new)
         run_name = unique_run_name(client, exp_id, run_name)  # the same command twice: NAME #2
         all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in tags.items()},
                     **process_tags()}

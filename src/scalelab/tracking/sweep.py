@@ -22,13 +22,13 @@ from mlflow.tracking import MlflowClient
 
 from scalelab.tracking.process import process_alive
 from scalelab.tracking.run import client_for, get_or_create_experiment
+from scalelab.tracking.run_names import POINT_ID_TAG  # set on children through `tags:`
 from scalelab.tracking.store import is_remote, probe
 from scalelab.tracking.ui_view import save_sweep_view
 
 log = logging.getLogger(__name__)
 ROLE_TAG = "scalelab.sweep_role"
 NAME_TAG = "scalelab.sweep_name"
-POINT_ID_TAG = "sweep_point_id"  # set on children through the train app's `tags:` config
 
 
 @dataclass
