@@ -183,20 +183,30 @@ def test_metric_values_are_sent_at_most_every_interval_in_order_and_never_lost(t
     timed.end("KILLED")
 
 
-def test_a_metric_batch_mlflow_rejects_is_raised_at_the_next_wait(tmp_path: Path) -> None:
+def test_a_metric_batch_mlflow_rejects_is_raised_at_the_next_wait(tmp_path: Path,
+                                                                  mlflow_server: str) -> None:
+    """A tracking server's metric batches go through MLflow's logging thread; a real refusal
+    surfaces at the next wait. A local SQLite store is written directly and refuses at once."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
     from tests.conftest import sqlite_store
 
     from scalelab.tracking.run import Tracker
 
-    uri = sqlite_store(tmp_path / "mlruns.db")
-    tracker = Tracker.start(uri, "unit", "deleted", {}, artifact_root=str(tmp_path / "a"))
-    MlflowClient(uri).delete_run(tracker.run_id)
+    tracker = Tracker.start(mlflow_server, "unit", "deleted", {})
+    MlflowClient(mlflow_server).delete_run(tracker.run_id)
     tracker.log_metrics({"x": 1.0}, step=1)  # handed to MLflow's logging thread
+    assert tracker.spool._in_flight is not None
     with pytest.raises(MlflowException, match="active"):
         tracker.spool.wait()  # a live store's refusal is an error, not an outage to wait out
     assert not tracker.spool.pending
+
+    uri = sqlite_store(tmp_path / "mlruns.db")
+    local = Tracker.start(uri, "unit", "deleted", {}, artifact_root=str(tmp_path / "a"))
+    MlflowClient(uri).delete_run(local.run_id)
+    with pytest.raises(MlflowException, match="active"):
+        local.log_metrics({"x": 1.0}, step=1)
+    assert local.spool._in_flight is None and not local.spool.pending
 
 
 def test_probe_asks_a_busy_server_again_and_passes_once_it_answers() -> None:

@@ -12,8 +12,11 @@ is still unsent then stays in the file, and ``python -m scalelab.tracking.recove
 A call that fails while the server is healthy (a real error: bad value, deleted run) is raised,
 and so is any failure of a local store (SQLite/file): there is no outage to wait out.
 
-Metric values are sent with MLflow's asynchronous logging (``log_batch(synchronous=False)``):
-the write happens on MLflow's logging thread while training goes on. At most one such batch is
+Metric values sent to a tracking server go with MLflow's asynchronous logging
+(``log_batch(synchronous=False)``): the request happens on MLflow's logging thread while
+training goes on. A local store (SQLite, a folder) is written directly: the write costs the same
+CPU on either thread, and MLflow's logging thread, once started, takes up to 1 s to stop at each
+run's end (``set_terminated`` waits for it). At most one asynchronous batch is
 in flight; it is waited for before the next one, before any other call (params, tags, texts,
 artifacts, the status) and at ``flush``, so the calls keep their order and the status comes
 last. A batch that failed because the server is down is kept like any other call; a real error
@@ -104,7 +107,7 @@ class Spool:
     def _send_metrics(self, op: dict[str, Any]) -> None:
         """Hand metric values to MLflow's logging thread (kept like any call while offline)."""
         self.wait()
-        if self.offline:
+        if self.offline or not is_remote(self.tracking_uri):
             self._call(op)
             return
         metrics = [Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in op["metrics"]]
