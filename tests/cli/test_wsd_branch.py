@@ -7,13 +7,14 @@ import math
 from pathlib import Path
 
 import pytest
+from tests.conftest import sqlite_store
 
 
 @pytest.mark.slow
 def test_step_checkpoint_then_branch_is_a_new_run_from_that_step(tmp_path: Path, train_cli) -> None:
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    uri = sqlite_store(tmp_path / "mlruns.db")
     common = [
         "model=gpt2_tiny", "data=pystdlib", "data.max_bytes=300000", "tokenizer=byte",
         "model.max_seq_len=32", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.conftest import sqlite_store
 
 # Long enough that 1.5 s past the first checkpoint is mid-run on a fast machine too: with 120
 # steps a run once finished, and closed its MLflow run, before the kill arrived (CI, d4d48a3).
@@ -21,7 +22,7 @@ def test_sigkill_then_resume_continues_the_same_mlflow_run(tmp_path: Path, share
     from mlflow.tracking import MlflowClient
 
     run_dir = tmp_path / "run"
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    uri = sqlite_store(tmp_path / "mlruns.db")
     args = [
         "model=gpt2_tiny", "data=shakespeare", "tokenizer=char", "train.global_batch_size=12", "run_name=resume_me",
         f"data.path={shared_data_dir / 'tinyshakespeare.txt'}",

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
+from tests.conftest import sqlite_store
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep_root")
     e = dict(os.environ)
     e["SCALELAB_ROOT"] = str(root)  # sweeps/, data_cache/, outputs/ land here, not in the repo
-    e["MLFLOW_TRACKING_URI"] = f"sqlite:///{root}/mlruns.db"
+    e["MLFLOW_TRACKING_URI"] = sqlite_store(root / "mlruns.db")
     e["PYTHONUNBUFFERED"] = "1"
     return root, e
 

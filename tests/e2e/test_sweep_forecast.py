@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
+from tests.conftest import sqlite_store
 
 from scalelab.scaling.collect import FINAL_LOSS_KEYS
 
@@ -29,7 +30,7 @@ def _sweep(env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def test_forecast_stage_trains_its_runs_and_scores_them(tmp_path):
     env = dict(os.environ, SCALELAB_ROOT=str(tmp_path), PYTHONUNBUFFERED="1",
-               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlruns.db")
+               MLFLOW_TRACKING_URI=sqlite_store(tmp_path / "mlruns.db"))
     first = _sweep(env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "then a forecast at 2x (C = 2.4e+10)" in first.stdout  # the plan says it comes

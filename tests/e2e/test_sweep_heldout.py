@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
+from tests.conftest import sqlite_store
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def _children(env: dict[str, str]) -> tuple[dict[str, str], list]:
 
 def test_a_changed_heldout_set_rescores_and_no_set_falls_back(tmp_path):
     env = dict(os.environ, SCALELAB_ROOT=str(tmp_path), PYTHONUNBUFFERED="1",
-               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlruns.db")
+               MLFLOW_TRACKING_URI=sqlite_store(tmp_path / "mlruns.db"))
     runs_csv = tmp_path / "sweeps" / "cpu_tiny" / "runs.csv"
 
     _sweep(env, 4096)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from tests.conftest import sqlite_store
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ ARGS = ["sweep=cpu_tiny", "sweep.budgets=[3e10]", "sweep.sizes_per_budget=2", "s
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep_kill_root")
     return root, dict(os.environ, SCALELAB_ROOT=str(root), PYTHONUNBUFFERED="1",
-                      MLFLOW_TRACKING_URI=f"sqlite:///{root}/mlruns.db")
+                      MLFLOW_TRACKING_URI=sqlite_store(root / "mlruns.db"))
 
 
 def _default_signals() -> None:

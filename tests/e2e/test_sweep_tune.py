@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
+from tests.conftest import sqlite_store
 
 from scalelab.scaling.plan import round_batch
 
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_tune_stage_seeds_and_heldout(tmp_path):
     e = dict(os.environ, SCALELAB_ROOT=str(tmp_path), PYTHONUNBUFFERED="1",
-             MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlruns.db")
+             MLFLOW_TRACKING_URI=sqlite_store(tmp_path / "mlruns.db"))
     args = ["sweep=cpu_tiny", "sweep.budgets=[3e9]", "sweep.sizes_per_budget=2",
             "sweep.tune_lr_factors=[0.5,1,2]", "sweep.tune_sizes=2", "sweep.seeds=2",
             "sweep.tune_batch_factors=[0.5,1,2]", "sweep.tune_beta2s=[0.95,0.999]",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from tests.conftest import sqlite_store
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +25,7 @@ ARGS = ["sweep=cpu_tiny", "sweep.name=tiny_wsd", "sweep.budgets=[1e10]", "sweep.
 
 def test_wsd_sweep_trains_branches_from_main_run_checkpoints(tmp_path: Path) -> None:
     e = dict(os.environ, SCALELAB_ROOT=str(tmp_path), PYTHONUNBUFFERED="1",
-             MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlruns.db")
+             MLFLOW_TRACKING_URI=sqlite_store(tmp_path / "mlruns.db"))
 
     def sweep() -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "scalelab.cli.sweep", *ARGS], env=e,

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tests.conftest import sqlite_store
 
 from scalelab.model import ModelConfig, Transformer
 from scalelab.model.attention import SelfAttention
@@ -86,7 +87,7 @@ def test_eval_and_viz_log_back_to_the_run(tmp_path: Path, train_cli, shared_data
                       "callbacks.sample.max_new_tokens=20", f"paths.output_dir={out}", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     run_id = (out / "mlflow_run_id").read_text().strip()
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    uri = sqlite_store(tmp_path / "mlruns.db")
     client = MlflowClient(uri)
     samples = sorted(a.path for a in client.list_artifacts(run_id, "samples"))
     assert samples == ["samples/step_000002.txt", "samples/step_000004.txt"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 from mlflow.tracking import MlflowClient
+from tests.conftest import sqlite_store
 
 from scalelab.scaling.collect import collect
 from scalelab.tracking.recover import main as recover_main
@@ -32,7 +33,7 @@ def _tags(pid: str, start: str) -> dict[str, str]:
 
 
 def test_only_finished_runs_with_a_finite_loss_are_done(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    uri = sqlite_store(tmp_path / "mlruns.db")
     parent = SweepParent.open(uri, "sweep_done", "done")
     c = parent.client
     cases = {"ok": ("FINISHED", 2.5), "nan": ("FINISHED", float("nan")),
@@ -59,7 +60,7 @@ def test_process_alive_and_stale_runs_are_marked(tmp_path: Path, capsys) -> None
     assert not process_alive(_tags(str(me.pid), f"{me.create_time() - 100:.2f}"))  # PID reused
     assert process_alive({"scalelab.host": "elsewhere", "scalelab.pid": "1"})  # can't tell
 
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    uri = sqlite_store(tmp_path / "mlruns.db")
     client = MlflowClient(uri)
     exp = client.create_experiment("stale")
     gone = client.create_run(exp, run_name="gone", tags=_tags(*dead)).info.run_id
@@ -74,7 +75,7 @@ def test_process_alive_and_stale_runs_are_marked(tmp_path: Path, capsys) -> None
 
 
 def test_replay_sends_a_run_folders_pending_calls(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    uri = sqlite_store(tmp_path / "mlruns.db")
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("replay")).info.run_id
     folder = tmp_path / "run"

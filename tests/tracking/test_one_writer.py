@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.conftest import sqlite_store
 
 from scalelab.data.files import LOCK_FILE, FolderBusy, exclusive_folder
 
@@ -49,7 +50,7 @@ def test_a_second_resume_of_a_running_run_is_refused_and_a_killed_one_frees_it(
 def test_a_second_sweep_of_the_same_name_is_refused(tmp_path: Path, train_cli) -> None:
     sweep_dir = tmp_path / "sweeps" / "twin"
     env = dict(train_cli.env(), SCALELAB_ROOT=str(tmp_path),
-               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlruns.db'}")
+               MLFLOW_TRACKING_URI=sqlite_store(tmp_path / "mlruns.db"))
     with exclusive_folder(sweep_dir, "sweep folder"):  # a live first sweep: this process
         with pytest.raises(FolderBusy, match=f"PID {os.getpid()} on host"), \
                 exclusive_folder(sweep_dir, "sweep folder"):

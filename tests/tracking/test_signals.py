@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from tests.conftest import sqlite_store
 
 from .signal_helpers import ckpt_step, training, wait_for_steps
 
@@ -32,7 +33,7 @@ def test_sigterm_checkpoints_marks_killed_exits_143_and_resumes(tmp_path: Path, 
                                                                 train_cli) -> None:
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    uri = sqlite_store(tmp_path / "mlruns.db")
     run_dir = tmp_path / "run"
     with training(train_cli.cmd(*_args(tmp_path, shared_data_dir, train_cli, uri, run_dir)),
                   train_cli.repo, train_cli.env()) as proc:
@@ -68,7 +69,7 @@ def test_slurm_usr1_checkpoints_and_the_requeued_job_resumes(tmp_path: Path, sha
                                                              train_cli) -> None:
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    uri = sqlite_store(tmp_path / "mlruns.db")
     run_dir = tmp_path / "run"
     args = _args(tmp_path, shared_data_dir, train_cli, uri, run_dir)
     # a SLURM job as sbatch sees it, minus scontrol (not installed here): the requeue fails
@@ -110,7 +111,7 @@ def test_every_step_is_logged_once_across_two_stops_and_two_resumes(
 
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    uri = sqlite_store(tmp_path / "mlruns.db")
     run_dir = tmp_path / "run"
     tests_dir = Path(__file__).resolve().parents[1]  # `tracking.signal_at_step` for the child
     args = [*_args(tmp_path, shared_data_dir, train_cli, uri, run_dir), "model.max_seq_len=32",

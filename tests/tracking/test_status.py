@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.conftest import sqlite_store
 
 from .signal_helpers import default_signals
 
@@ -18,7 +19,7 @@ from .signal_helpers import default_signals
 def test_ctrl_c_marks_the_run_killed(tmp_path: Path, shared_data_dir: Path, train_cli) -> None:
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    uri = sqlite_store(tmp_path / "mlruns.db")
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         train_cli.cmd(
