@@ -1,7 +1,9 @@
 """Sweeps and runs as real SLURM jobs (slurmctld + slurmd + slurmdbd), tracked by a real MLflow
 server on PostgreSQL, all started by scripts/cluster_up.sh (conftest.py).
 
-- a sweep queues its points as a SLURM job array and nests them under its parent on the server;
+- the node crashes under a sweep (slurmd and the points' processes killed, slurmd started again):
+  the sweep names the lost points and exits 1; the same command again queues them as a new job
+  array that completes, and the runs nest under the sweep's parent on the server;
 - one job is requeued by ``scontrol requeue``, then stopped by the pre-timeout signal (USR1,
   sent to the job step as ``--signal=USR1@N`` does), then cancelled: the MLflow run is the same
   run throughout, no step is logged twice or lost, and it ends KILLED;

@@ -96,14 +96,15 @@ class LostJobs:
     it, and after the launch recorded as failed, their runs closed KILLED, for a rerun to
     finish (a requeued job that then finished its point is not lost)."""
 
-    def __init__(self, multirun_dir: Path, points: list[Any], echo: Callable[[str], None]) -> None:
-        self.multirun_dir, self.points, self.echo = multirun_dir, points, echo
+    def __init__(self, multirun_dir: Path, points: list[Any], echo: Callable[[str], None],
+                 states: Callable[[Path], dict[int, tuple[str, list[str]]]] = task_states) -> None:
+        self.multirun_dir, self.points, self.echo, self.states = multirun_dir, points, echo, states
         self.said: dict[int, str] = {}
 
     def report(self) -> dict[int, str]:
         """Array task index -> how it was lost; each new finding is echoed once."""
         notes = {}
-        for i, (job, states) in task_states(self.multirun_dir).items():
+        for i, (job, states) in self.states(self.multirun_dir).items():
             note = lost_note(job, states)
             if note is None or i >= len(self.points):
                 continue
@@ -115,14 +116,19 @@ class LostJobs:
 
     def settle(self, latest: dict[str, Any], remaining: list[Any], failed: dict[str, str],
                parent: Any) -> list[Any]:
-        """Record the lost points that did not finish; the points still to launch now."""
-        for i, note in self.report().items():
+        """Record the lost points that did not finish; the points still to launch now.
+        Called once the launch's jobs left the queue: a lost point's run still RUNNING is an
+        orphan (its process died with the node), also when a requeued job started it anew."""
+        notes = self.report()
+        lost = {self.points[i].point_id: note for i, note in notes.items()}
+        for c in parent.children() if lost else []:
+            if c.point_id in lost and c.status in ("RUNNING", "SCHEDULED"):
+                parent.mark_killed(c.run_id, why=lost[c.point_id])
+        for i, note in notes.items():
             p = self.points[i]
             c = latest.get(p.point_id)
             if c is not None and c.done:
                 continue
-            if c is not None and c.status in ("RUNNING", "SCHEDULED"):
-                parent.mark_killed(c.run_id, why=note)  # its process died with the node
             failed[p.name] = f"{note}; rerun the sweep to finish it"
             self.echo(f"  ✗ {p.name}: {failed[p.name]}")
         return [p for p in remaining if p.name not in failed]
