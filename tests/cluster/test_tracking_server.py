@@ -22,7 +22,8 @@ STEPS, VAL_EVERY = 60, 20
 
 
 def test_server_on_postgresql_restarted_mid_run_loses_and_doubles_nothing(
-        cluster, tmp_path: Path, shared_data_dir: Path, train_cli) -> None:
+    cluster, tmp_path: Path, shared_data_dir: Path, train_cli
+) -> None:
     import time
 
     store = (cluster.folder / "mlflow" / "backend_uri").read_text().strip()
@@ -31,12 +32,23 @@ def test_server_on_postgresql_restarted_mid_run_loses_and_doubles_nothing(
     uri = f"http://127.0.0.1:{port}"
     server = _start_server(tmp_path, port, store)
     run_dir = tmp_path / "run"
-    args = ["model=gpt2_tiny", "data=shakespeare", "tokenizer=char", "train.global_batch_size=12",
-            f"data.path={shared_data_dir / 'tinyshakespeare.txt'}", f"train.max_steps={STEPS}",
-            f"train.val_every={VAL_EVERY}", "train.val_batches=1", "trainer.log_every_n_steps=1",
-            "callbacks.sample.enabled=false", "optim.warmup_steps=1", "logger.outage_wait_s=300",
-            "logger.metrics_interval_s=0", f"paths.output_dir={run_dir}",
-            *train_cli.isolated(tmp_path, tracking_uri=uri)]
+    args = [
+        "model=gpt2_tiny",
+        "data=shakespeare",
+        "tokenizer=char",
+        "train.global_batch_size=12",
+        f"data.path={shared_data_dir / 'tinyshakespeare.txt'}",
+        f"train.max_steps={STEPS}",
+        f"train.val_every={VAL_EVERY}",
+        "train.val_batches=1",
+        "trainer.log_every_n_steps=1",
+        "callbacks.sample.enabled=false",
+        "optim.warmup_steps=1",
+        "logger.outage_wait_s=300",
+        "logger.metrics_interval_s=0",
+        f"paths.output_dir={run_dir}",
+        *train_cli.isolated(tmp_path, tracking_uri=uri),
+    ]
     try:
         with training(train_cli.cmd(*args), train_cli.repo, train_cli.env()) as proc:
             run_id = wait_for_steps(proc, run_dir, uri, min_steps=3)
@@ -44,7 +56,9 @@ def test_server_on_postgresql_restarted_mid_run_loses_and_doubles_nothing(
             pending = run_dir / "mlflow_pending.jsonl"
             deadline = time.time() + 300
             while not pending.is_file():  # the run noticed the outage and buffers to disk
-                assert proc.poll() is None, "training died with the server: " + proc.stdout.read()[-3000:]
+                assert proc.poll() is None, (
+                    "training died with the server: " + proc.stdout.read()[-3000:]
+                )
                 assert time.time() < deadline, "the run never started buffering"
                 time.sleep(0.2)
             server = _start_server(tmp_path, port, store)

@@ -14,9 +14,11 @@ def test_a_job_that_never_lost_its_node_is_not_lost() -> None:
 def test_a_lost_job_says_what_slurm_did_next() -> None:
     assert lost_note("7_1", ["NODE_FAIL"]) == "SLURM job 7_1 lost its node (NODE_FAIL)"
     assert lost_note("7_1", ["NODE_FAIL", "PENDING"]) == (
-        "SLURM job 7_1 lost its node (NODE_FAIL); SLURM requeued it")
+        "SLURM job 7_1 lost its node (NODE_FAIL); SLURM requeued it"
+    )
     assert lost_note("7_1", ["NODE_FAIL", "CANCELLED"]) == (
-        "SLURM job 7_1 lost its node (NODE_FAIL); then CANCELLED")
+        "SLURM job 7_1 lost its node (NODE_FAIL); then CANCELLED"
+    )
     assert lost_note("7_1", ["BOOT_FAIL", "NODE_FAIL"]).endswith("(NODE_FAIL)")
 
 
@@ -36,16 +38,21 @@ def test_lost_points_fail_and_their_orphaned_runs_are_closed(tmp_path) -> None:
     for p in points[:2]:  # p0 and p1 had started their runs when the node died
         tags = {"mlflow.parentRunId": parent.run_id, "sweep_point_id": p.point_id}
         runs[p.name] = parent.client.create_run(parent.experiment_id, tags=tags).info.run_id
-    sacct = {0: ("5_0", ["NODE_FAIL", "CANCELLED"]), 1: ("5_1", ["COMPLETED"]),
-             2: ("5_2", ["NODE_FAIL"])}
+    sacct = {
+        0: ("5_0", ["NODE_FAIL", "CANCELLED"]),
+        1: ("5_1", ["COMPLETED"]),
+        2: ("5_2", ["NODE_FAIL"]),
+    }
     said: list[str] = []
     lost = LostJobs(tmp_path, points, said.append, states=lambda _: sacct)
     failed: dict[str, str] = {}
     remaining = lost.settle({}, points[2:], failed, parent)
     assert remaining == []  # p2's job ran (and was lost): not "never started"
-    assert failed == {"p0": "SLURM job 5_0 lost its node (NODE_FAIL); then CANCELLED; rerun "
-                            "the sweep to finish it",
-                      "p2": "SLURM job 5_2 lost its node (NODE_FAIL); rerun the sweep to finish it"}
+    assert failed == {
+        "p0": "SLURM job 5_0 lost its node (NODE_FAIL); then CANCELLED; rerun "
+        "the sweep to finish it",
+        "p2": "SLURM job 5_2 lost its node (NODE_FAIL); rerun the sweep to finish it",
+    }
     status = {n: parent.client.get_run(r).info.status for n, r in runs.items()}
     assert status == {"p0": "KILLED", "p1": "RUNNING"}  # p1's job was not lost
     assert sum("lost its node" in ln for ln in said) == 4  # each said once, then as failed
