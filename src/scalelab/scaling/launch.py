@@ -187,7 +187,7 @@ class SweepRunner:
 
         latest = latest_by_point(self.parent.children())
         if self._lost is not None:
-            self._lost.report()
+            self._lost.report(every_s=10.0)
         for p in points:
             c = latest.get(p.point_id)
             if c is None or p.name in self._seen or not touched_since(c, started):

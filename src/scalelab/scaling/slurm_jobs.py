@@ -100,9 +100,14 @@ class LostJobs:
                  states: Callable[[Path], dict[int, tuple[str, list[str]]]] = task_states) -> None:
         self.multirun_dir, self.points, self.echo, self.states = multirun_dir, points, echo, states
         self.said: dict[int, str] = {}
+        self.asked = float("-inf")
 
-    def report(self) -> dict[int, str]:
-        """Array task index -> how it was lost; each new finding is echoed once."""
+    def report(self, every_s: float = 0.0) -> dict[int, str]:
+        """Array task index -> how it was lost; each new finding is echoed once. With
+        ``every_s``, accounting is asked at most that often (a long sweep polls for hours)."""
+        if time.monotonic() - self.asked < every_s:
+            return {}
+        self.asked = time.monotonic()
         notes = {}
         for i, (job, states) in self.states(self.multirun_dir).items():
             note = lost_note(job, states)
