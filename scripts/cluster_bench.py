@@ -11,6 +11,11 @@
     python scripts/cluster_bench.py read --sweep big500 [--readers 1]
         times that read again, on a sweep already written (--readers 1: history requests one
         at a time instead of concurrently).
+    python scripts/cluster_bench.py ui --sweep big500 [--uri http://127.0.0.1:PORT]
+        times the MLflow UI's run list of the sweep's experiment in headless Chromium: from
+        navigating to the page until the table shows the parent run, and from expanding it
+        until its children show; loaded twice in one browser (the first load fetches the
+        UI's scripts too).
     python scripts/cluster_bench.py outage --steps 300 --down-s 25
         one training run (a step's metrics sent at once) whose server cluster-up started is
         stopped after 20 steps and started again; then counts the run's rows (run as root,
@@ -109,6 +114,55 @@ def read(uri: str, sweep: str, readers: int | None = None) -> None:
           f"in {time.time() - t0:.1f} s")
 
 
+# the runs table's rows (MLflow 3's runs grid) and whether one names the parent run
+ROWS_JS = """(() => { const rows = [...document.querySelectorAll('.ag-row')];
+  return [new Set(rows.map(r => r.getAttribute('row-index'))).size,
+          rows.some(r => r.innerText.includes(%s))]; })()"""
+
+
+def ui(uri: str, sweep: str, timeout: float = 60.0) -> None:
+    """Seconds from navigating to the experiment's run list until its table shows the parent
+    run, then from clicking the parent's expand button until its children's rows show."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ui_screenshot import EXPAND_JS, Chromium
+
+    exp = MlflowClient(uri).get_experiment_by_name(f"sweep_{sweep}")
+    if exp is None:
+        sys.exit(f"no experiment sweep_{sweep} in {uri}")
+    url = f"{uri}/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
+    rows_js = ROWS_JS % json.dumps(f"sweep_{sweep}")
+
+    def wait(done) -> tuple[float, int]:
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            rows, parent = chrome.js(rows_js) or (0, False)
+            if done(rows, parent):
+                return time.time() - t0, rows
+            time.sleep(0.05)
+        return float("nan"), rows
+
+    chrome = Chromium(1500, 900)
+    try:
+        target = chrome.call("Target.createTarget", url="about:blank")["targetId"]
+        chrome.session = chrome.call("Target.attachToTarget", targetId=target,
+                                     flatten=True)["sessionId"]
+        chrome.call("Page.enable")
+        for load in ("first load", "second load"):
+            chrome.call("Page.navigate", url="about:blank")
+            chrome.call("Page.navigate", url=url)
+            shown, _ = wait(lambda rows, parent: parent)
+            chrome.js(EXPAND_JS)
+            expanded, rows = wait(lambda rows, parent: rows > 1)
+            print(f"{load}: parent row after {shown:.2f} s; {rows} rows {expanded:.2f} s after "
+                  f"expanding it   [{url}]")
+    finally:
+        chrome.close()
+
+
 def outage(uri: str, steps: int, down_s: float, cluster_dir: Path) -> None:
     """One scalelab-train run; after 20 logged steps the server is stopped for ``down_s`` and
     started again by cluster_up.sh; then the run's rows are counted."""
@@ -158,7 +212,7 @@ def outage(uri: str, steps: int, down_s: float, cluster_dir: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", choices=["writers", "store", "read", "outage"])
+    ap.add_argument("what", choices=["writers", "store", "read", "ui", "outage"])
     ap.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI"))
     ap.add_argument("--writers", type=int, default=16)
     ap.add_argument("--rows", type=int, default=500)
@@ -179,6 +233,8 @@ def main() -> None:
         outage(a.uri, a.steps, a.down_s, Path(os.environ.get("SCALELAB_CLUSTER_DIR", ".cluster")))
     elif a.what == "read":
         read(a.uri, a.sweep, a.readers)
+    elif a.what == "ui":
+        ui(a.uri, a.sweep)
     else:
         store(a.uri, a.to or a.uri, a.from_sweep, a.children)
 

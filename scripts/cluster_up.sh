@@ -55,7 +55,11 @@ fi
 # shellcheck disable=SC1091
 source "$DIR/ports.env"
 
-alive() { [[ -f $1 ]] && kill -0 "$(cat "$1" 2>/dev/null)" 2>/dev/null; }
+# a daemon killed but not yet reaped by its parent (a zombie, state Z) is not alive: restart it
+alive() {
+    local pid; pid="$(cat "$1" 2>/dev/null)" || return 1
+    kill -0 "$pid" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]
+}
 wait_for() {  # wait_for SECONDS WHAT COMMAND...
     local t=$1 what=$2; shift 2
     for ((i = 0; i < t * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done

@@ -8,9 +8,11 @@ leave takes it down (a counter under a file lock in the session's shared temp fo
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,49 @@ class Cluster:
     slurm_conf: str
     optuna_storage: str  # a PostgreSQL database of its own; the password is in pgpass_file
     pgpass_file: str
+
+    def up(self) -> subprocess.CompletedProcess[str]:
+        """scripts/cluster_up.sh again: it starts whatever part is not running (slurmd)."""
+        return _script("cluster_up.sh", self.folder)
+
+    @contextlib.contextmanager
+    def node(self, exclusive: bool) -> Iterator[None]:
+        """A test that takes the node down holds it exclusively; one whose jobs must not meet
+        a node failure shares it (the xdist workers share one cluster)."""
+        with open(self.folder / "node.lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def crash_node(self, job_ids: list[str]) -> list[int]:
+        """What a node crash does to these jobs: slurmd and every process of the jobs (their
+        slurmstepd and all below) stopped, then killed, before any of them could report. Only
+        this cluster's processes are touched (their environment names its slurm.conf)."""
+        parent: dict[int, int] = {}
+        for d in Path("/proc").iterdir():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        roots = set()
+        for pid in parent:
+            with contextlib.suppress(OSError):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                step = cmd.split(b"\0")[0].removeprefix(b"slurmstepd: [").split(b".")[0]
+                if (cmd.startswith(b"slurmstepd: [") and step.decode() in job_ids
+                        and f"SLURM_CONF={self.slurm_conf}".encode() in env):
+                    roots.add(pid)
+        tree = set(roots)
+        while grown := {p for p, pp in parent.items() if pp in tree} - tree:
+            tree |= grown
+        slurmd = int((Path(self.slurm_conf).parent / "slurmd.pid").read_text())
+        victims = [slurmd, *sorted(tree)]
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        return victims
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a command that submits jobs and tracks on the server: jobs

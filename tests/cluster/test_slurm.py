@@ -1,7 +1,9 @@
 """Sweeps and runs as real SLURM jobs (slurmctld + slurmd + slurmdbd), tracked by a real MLflow
 server on PostgreSQL, all started by scripts/cluster_up.sh (conftest.py).
 
-- a sweep queues its points as a SLURM job array and nests them under its parent on the server;
+- the node crashes under a sweep (slurmd and the points' processes killed, slurmd started again):
+  the sweep names the lost points and exits 1; the same command again queues them as a new job
+  array that completes, and the runs nest under the sweep's parent on the server;
 - one job is requeued by ``scontrol requeue``, then stopped by the pre-timeout signal (USR1,
   sent to the job step as ``--signal=USR1@N`` does), then cancelled: the MLflow run is the same
   run throughout, no step is logged twice or lost, and it ends KILLED;
@@ -20,7 +22,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 from tests.conftest import REPO, session_data_dir
-from tests.tracking.signal_helpers import training
+from tests.tracking.signal_helpers import default_signals, training
 
 pytestmark = pytest.mark.slow
 
@@ -61,36 +63,90 @@ def _restarted(cluster, job: str, restarts: int) -> bool:
     return state == "RUNNING"
 
 
-def test_sweep_points_are_slurm_jobs_nested_under_the_parent(cluster, tmp_path: Path) -> None:
-    sweep_dir = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "scalelab.cli.sweep", "sweep=cpu_tiny", "sweep.name=onslurm",
-           "sweep.budgets=[1e10]", "sweep.sizes_per_budget=2", "sweep.fit=false",
-           "sweep.hydra_launcher=slurm_cpu", f"sweep.output_dir={sweep_dir}",
-           # jobs that start together on a loaded CI machine may wait for the server a while
-           "logger.probe_timeout=60",
-           f"paths.data_dir={session_data_dir()}", f"sweep.experiment_name=slurm_{tmp_path.name}"]
+def _sweep_command(sweep_dir: Path, experiment: str) -> list[str]:
+    return [sys.executable, "-m", "scalelab.cli.sweep", "sweep=cpu_tiny", "sweep.name=onslurm",
+            "sweep.budgets=[1e10]", "sweep.sizes_per_budget=2", "sweep.fit=false",
+            "sweep.hydra_launcher=slurm_cpu", f"sweep.output_dir={sweep_dir}",
+            # jobs that start together on a loaded CI machine may wait for the server a while
+            "logger.probe_timeout=60",
+            f"paths.data_dir={session_data_dir()}", f"sweep.experiment_name={experiment}"]
+
+
+def _lose_the_node(cluster, cmd: list[str], sweep_dir: Path, log: Path) -> tuple[str, str]:
+    """Start the sweep; once both points run as jobs, crash the node under them (slurmd and
+    the jobs' processes killed) and start slurmd again as cluster_up.sh does. SLURM records
+    NODE_FAIL and requeues the jobs, held back for a while; the test, as an admin would,
+    cancels them. Returns (the sweep's exit code and output, the job array)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=cluster.env(), stdout=out,
+                                stderr=subprocess.STDOUT, text=True, preexec_fn=default_signals)
+    try:
+        def array() -> str | None:
+            folder = next((sweep_dir / "multirun").glob("*/.submitit"), None)
+            return next((p.name for p in folder.iterdir() if p.is_dir() and "_" not in p.name),
+                        None) if folder else None
+
+        def running() -> list[str] | None:  # the tasks' own job ids, once both run
+            out = _slurm(cluster, "squeue", "-h", "-t", "RUNNING", "-o", "%A %S", "-j", job)
+            return out.split() if len(out.splitlines()) == 2 else None
+
+        job = _until("the sweep to queue its job array", array, proc=proc)
+        tasks = _until("both points to run", running, proc=proc)
+        cluster.crash_node(tasks[0::2])
+        # slurmctld treats a job missing from a restarted slurmd as lost only once it has run
+        # for BatchStartTimeout (10 s) plus a message timeout (10 s): the node stays down that long
+        started = max(time.mktime(time.strptime(t, "%Y-%m-%dT%H:%M:%S")) for t in tasks[1::2])
+        time.sleep(max(0.0, started + 25 - time.time()))
+        r = cluster.up()
+        assert r.returncode == 0, r.stdout + r.stderr
+        _until("the sweep to report both points lost", lambda: log.read_text().count(
+            "lost its node (NODE_FAIL); SLURM requeued it") == 2, proc=proc)
+        _slurm(cluster, "scancel", job)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return f"exit code {proc.returncode}\n{log.read_text()}", job
+
+
+def test_sweep_on_slurm_reports_points_lost_with_the_node_and_a_rerun_finishes_them(
+        cluster, tmp_path: Path) -> None:
+    sweep_dir, experiment = tmp_path / "sweep", f"slurm_{tmp_path.name}"
+    cmd = _sweep_command(sweep_dir, experiment)
+    # 1. the node is lost under both points: the sweep names them and why, and exits 1
+    with cluster.node(exclusive=True):
+        out, lost_array = _lose_the_node(cluster, cmd, sweep_dir, tmp_path / "first.log")
+    assert out.startswith("exit code 1"), out[-3000:]
+    assert out.count("lost its node (NODE_FAIL); then CANCELLED; rerun the sweep") == 4, out[-3000:]
+    client = MlflowClient(cluster.tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert {r.info.status for r in client.search_runs([exp.experiment_id])} <= {"FAILED", "KILLED"}
+    # 2. the same command again finishes them: every point is a task of one new job array that
+    #    SLURM's accounting says completed
     r = subprocess.run(cmd, cwd=REPO, env=cluster.env(), capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # every point was a task of one job array, and SLURM's accounting says it completed
-    (stamp,) = (sweep_dir / "multirun").iterdir()
-    (array,) = [p.name for p in (stamp / ".submitit").iterdir() if p.is_dir() and "_" not in p.name]
+    arrays = [p.name for p in sweep_dir.glob("multirun/*/.submitit/*") if "_" not in p.name]
+    (array,) = set(arrays) - {lost_array}
     states = _slurm(cluster, "sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", array).split()
     assert sorted(states) == [f"{array}_0|COMPLETED", f"{array}_1|COMPLETED"], states
-    client = MlflowClient(cluster.tracking_uri)
-    exp = client.get_experiment_by_name(f"slurm_{tmp_path.name}")
+    # the parent and its children nest on the server: one FINISHED child per point, and the
+    # runs the lost jobs had started closed KILLED, none left RUNNING
     runs = client.search_runs([exp.experiment_id])
     (parent,) = [x for x in runs if "mlflow.parentRunId" not in x.data.tags]
     children = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(runs) == 3 and len(children) == 2
-    assert {c.info.status for c in children} == {"FINISHED"}
-    assert len({c.data.tags["sweep_point"] for c in children}) == 2
+    assert len(runs) == len(children) + 1
+    finished = [c for c in children if c.info.status == "FINISHED"]
+    assert len(finished) == 2 and len({c.data.tags["sweep_point"] for c in finished}) == 2
+    assert {c.info.status for c in children if c not in finished} <= {"KILLED"}
     assert {c.data.tags["sweep_name"] for c in children} == {"onslurm"}
     # the curves, read back from the server concurrently: every val/loss row of every child
     curves = pd.read_csv(sweep_dir / "curves.csv")
-    for c in children:
+    for c in finished:
         want = sorted(m.step for m in client.get_metric_history(c.info.run_id, "val/loss"))
         assert sorted(curves[curves["run_id"] == c.info.run_id]["step"]) == want
+
 
 def test_requeue_and_pre_timeout_signal_continue_one_run_and_scancel_is_killed(
         cluster, tmp_path: Path) -> None:
@@ -105,7 +161,7 @@ def test_requeue_and_pre_timeout_signal_continue_one_run_and_scancel_is_killed(
            f"logger.experiment_name=requeue_{tmp_path.name}", f"paths.output_dir={run_dir}",
            f"paths.data_dir={session_data_dir()}", f"hydra.sweep.dir={multirun}"]
     job = None
-    with training(cmd, REPO, cluster.env()) as proc:
+    with cluster.node(exclusive=False), training(cmd, REPO, cluster.env()) as proc:
         try:
             job = _until("the job to be submitted", lambda: next(
                 (p.name for p in (multirun / ".submitit").glob("*") if p.is_dir()), None)

@@ -73,7 +73,7 @@ def test_collect_latest_finished_per_point(store):
     assert a["flops_6n"] == pytest.approx(6 * 20_000 * a["D"])
     assert a["budget"] == 1e12 and a["variant"] == "default"
     assert list(got.failed["run_id"]) == [ids["b_failed"]]
-    # curves: val/loss history mapped to tokens through tokens_seen
+    # curves: each val/loss step times the tokens per step (global_batch_tokens)
     cur = got.curves[got.curves["run_id"] == ids["a_new"]]
     assert list(cur["tokens"]) == [10 * TPS, 20 * TPS, a["steps"] * TPS]
     assert cur["flops"].iloc[0] == pytest.approx(10 * TPS * (6 * 20_000 + 1000))

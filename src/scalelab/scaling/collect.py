@@ -16,6 +16,7 @@ accounting convention side by side and ``N``/``C`` set by the chosen ones:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -154,9 +155,17 @@ def _curves(parent: SweepParent, runs: pd.DataFrame, flops_convention: str,
     fpt_col = "flops_per_token" if flops_convention == "attention" else "flops_per_token_6n"
     # The runs table came from search_runs (each metric's latest value). Only the curves need
     # histories, and only of the metrics a run logged at all (search_runs lists those): read
-    # together, concurrently against a server.
+    # together, concurrently against a server. The global batch is fixed, so an evaluation at
+    # step s follows s x tokens_per_step tokens; the tokens_seen history (a count every few
+    # steps) is read only for a run that does not record its tokens per step, which halves
+    # the requests of a large sweep.
+    def tps(r: Any) -> float:
+        return r.tokens_per_step if r.tokens_per_step == r.tokens_per_step else 0.0
+
+    per_step = {r.run_id: tps(r) for r in runs.itertuples()}
     pairs = [(rid, key) for rid in runs["run_id"] if "val/loss" in logged.get(rid, ())
-             for key in ("val/loss", "tokens_seen") if key in logged[rid]]
+             for key in ("val/loss", "tokens_seen") if key in logged[rid]
+             and (key == "val/loss" or not per_step[rid] > 0)]
     history = metric_histories(parent.client, parent.tracking_uri, pairs)
     frames = []
     for r in runs.itertuples():
@@ -164,8 +173,7 @@ def _curves(parent: SweepParent, runs: pd.DataFrame, flops_convention: str,
         if not loss:
             continue
         seen = dict(history.get((r.run_id, "tokens_seen"), []))
-        tps = r.tokens_per_step if r.tokens_per_step == r.tokens_per_step else 0.0
-        tokens = [seen.get(step, step * tps) for step, _ in loss]
+        tokens = [step * tps(r) if tps(r) > 0 else seen.get(step, 0.0) for step, _ in loss]
         df = pd.DataFrame({"run_id": r.run_id, "step": [s for s, _ in loss], "tokens": tokens,
                            "loss": [v for _, v in loss]})
         df["flops"] = df["tokens"] * getattr(r, fpt_col)

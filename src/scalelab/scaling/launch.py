@@ -29,7 +29,7 @@ from .base_run import BaseRun
 from .launch_triage import triage
 from .plan import Plan, PlanPoint
 from .point_config import branch_checkpoint, point_overrides, train_command, write_point_config
-from .slurm_jobs import wait_for_queue
+from .slurm_jobs import LostJobs, wait_for_queue
 from .sweep_settings import RunSettings
 from .sweep_spec import SweepSpec
 from .sweep_state import close_stale, latest_by_point, resumable, split_done, touched_since
@@ -57,6 +57,7 @@ class SweepRunner:
         self.on_finished = on_finished  # e.g. the held-out evaluation, while the others train
         self.sweep_dir, self.parent, self.echo, self.poll_s = sweep_dir, parent, echo, poll_s
         self.conf_dir = sweep_dir / "conf"
+        self._lost: LostJobs | None = None  # a SLURM launch's jobs lost with their node
         self.experiment = settings.experiment_name or f"sweep_{settings.name}"
 
     def write_configs(self, points: list[PlanPoint]) -> None:
@@ -146,14 +147,19 @@ class SweepRunner:
                             self.sweep_dir / "multirun" / stamp)
         out.commands.append(" ".join(cmd))
         started = time.time()
+        multirun_dir = self.sweep_dir / "multirun" / stamp
+        slurm = multirun and "slurm" in self.settings.hydra_launcher
+        self._lost = LostJobs(multirun_dir, points, self.echo) if slurm else None
         rc = self._run_process(cmd, log_path, points, started, out)
         if multirun:  # SLURM: jobs the launcher stopped waiting for
-            wait_for_queue(self.sweep_dir / "multirun" / stamp, self.poll_s,
+            wait_for_queue(multirun_dir, self.poll_s,
                            lambda: self._report_progress(points, started, out), self.echo)
         latest = self._report_progress(points, started, out)
-        return triage(points, latest, started, rc, log_path,
-                      self.sweep_dir / "multirun" / stamp if multirun else None, out.failed,
-                      self.echo)
+        remaining = triage(points, latest, started, rc, log_path,
+                           multirun_dir if multirun else None, out.failed, self.echo)
+        if self._lost is not None:  # a point lost with its node is reported, not relaunched
+            remaining = self._lost.settle(latest, remaining, out.failed, self.parent)
+        return remaining
 
     def _run_process(self, cmd: list[str], log_path: Path, points: list[PlanPoint],
                      started: float, out: Outcome) -> int:
@@ -183,6 +189,8 @@ class SweepRunner:
         from scalelab.tracking.final import final_values
 
         latest = latest_by_point(self.parent.children())
+        if self._lost is not None:
+            self._lost.report(every_s=10.0)
         for p in points:
             c = latest.get(p.point_id)
             if c is None or p.name in self._seen or not touched_since(c, started):

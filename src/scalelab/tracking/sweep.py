@@ -136,11 +136,13 @@ class SweepParent:
     def children(self) -> list[ChildRun]:
         return children_of(self.client, self.experiment_id, self.run_id)
 
-    def mark_killed(self, run_id: str) -> None:
-        """A child left RUNNING by a killed sweep: close it so the UI does not show it live."""
+    def mark_killed(self, run_id: str,
+                    why: str = "its process was gone when the sweep was rerun") -> None:
+        """A child left RUNNING by a killed sweep or a lost SLURM node: close it so the UI does
+        not show it live."""
         self.client.set_terminated(run_id, status="KILLED")
         self.client.set_tag(run_id, "sweep_note", "left RUNNING by an interrupted sweep")
-        self.client.set_tag(run_id, STALE_TAG, "its process was gone when the sweep was rerun")
+        self.client.set_tag(run_id, STALE_TAG, why)
 
     def plan_point_ids(self) -> set[str] | None:
         """Point hashes of the plan last logged to this parent (artifact plan/plan.json)."""
