@@ -11,9 +11,9 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 # Tests run in parallel (pytest-xdist): most of their time is single-threaded start-up of
-# subprocesses, so 2 workers on 2 cores halve the wall time; capped at 4 (each worker may start
-# its own MLflow server, ~1.2 GB).
-TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+# subprocesses, one worker per core; one worker more, since the cluster tests mostly wait on
+# SLURM (docs/development.md); capped at 4 (each worker may start an MLflow server, ~1.2 GB).
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
 PYTEST_PAR := -n $(TEST_JOBS) --dist worksteal
 
 help: ## Show this help

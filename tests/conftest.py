@@ -29,23 +29,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each xdist worker's share starts with its slow (end-to-end) tests, the quick ones after.
 
     `--dist worksteal` gives worker j the j-th contiguous block of this list (sizes
-    remaining // workers left), and an idle worker steals from the end of another's block. So
-    the slow tests are dealt out in turn to the blocks' heads and the quick ones fill the rest:
-    no worker starts with all the slow tests, and the workers end together on quick tests
-    instead of one running a long test alone at the end."""
+    remaining // workers left), and an idle worker steals from the end of another's block. The
+    real-cluster tests (tests/cluster) head the first block together: they mostly wait on SLURM
+    and share one node, so on one worker they neither wait for each other nor hold a second
+    worker idle. The other slow tests are dealt out in turn to the heads of the other blocks (of
+    every block with fewer than 3 workers), and the quick ones fill the rest: the workers end
+    together on quick tests instead of one running a long test alone at the end."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     slow = [i for i in items if i.get_closest_marker("slow") is not None]
+    cluster = [i for i in slow if i.nodeid.startswith("tests/cluster/")]
+    slow = [i for i in slow if i not in cluster]
     quick = [i for i in items if i.get_closest_marker("slow") is None]
+    if workers == 1:
+        items[:] = cluster + slow + quick
+        return
+    dealt_to = list(range(1, workers)) if workers >= 3 else list(range(workers))
+    heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    heads[0] += cluster
+    for k, item in enumerate(slow):
+        heads[dealt_to[k % len(dealt_to)]].append(item)
     ordered: list[pytest.Item] = []
     for j in range(workers):
         size = (len(items) - len(ordered)) // (workers - j)
-        block = slow[j::workers][:size]
+        block = heads[j][:size]
         take = size - len(block)
         block += quick[:take]
         del quick[:take]
         ordered += block
-    dealt = {id(i) for i in ordered}
-    items[:] = ordered + [i for i in slow if id(i) not in dealt] + quick
+    placed = {id(i) for i in ordered}
+    items[:] = ordered + [i for h in heads for i in h if id(i) not in placed] + quick
 
 
 @pytest.fixture(scope="session")
