@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from tests.conftest import free_port
 from tests.tracking.signal_helpers import training, wait_for_steps
-from tests.tracking.test_outage import _start_server, _stop_server
+from tests.tracking.test_outage import _start_server, _stop_server, restart_once_buffering
 
 pytestmark = pytest.mark.slow
 STEPS, VAL_EVERY = 60, 20
@@ -24,8 +24,6 @@ STEPS, VAL_EVERY = 60, 20
 def test_server_on_postgresql_restarted_mid_run_loses_and_doubles_nothing(
     cluster, tmp_path: Path, shared_data_dir: Path, train_cli
 ) -> None:
-    import time
-
     store = (cluster.folder / "mlflow" / "backend_uri").read_text().strip()
     assert store.startswith("postgresql"), store
     port = free_port()
@@ -52,16 +50,7 @@ def test_server_on_postgresql_restarted_mid_run_loses_and_doubles_nothing(
     try:
         with training(train_cli.cmd(*args), train_cli.repo, train_cli.env()) as proc:
             run_id = wait_for_steps(proc, run_dir, uri, min_steps=3)
-            _stop_server(server)
-            pending = run_dir / "mlflow_pending.jsonl"
-            deadline = time.time() + 300
-            while not pending.is_file():  # the run noticed the outage and buffers to disk
-                assert proc.poll() is None, (
-                    "training died with the server: " + proc.stdout.read()[-3000:]
-                )
-                assert time.time() < deadline, "the run never started buffering"
-                time.sleep(0.2)
-            server = _start_server(tmp_path, port, store)
+            server = restart_once_buffering(server, proc, run_dir, tmp_path, port, store)
             out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out[-4000:]
         back = [ln for ln in out.splitlines() if "is back after" in ln]
@@ -74,6 +63,6 @@ def test_server_on_postgresql_restarted_mid_run_loses_and_doubles_nothing(
         assert steps == list(range(steps[0], steps[0] + STEPS)), steps  # each step once
         val = [m.step for m in client.get_metric_history(run_id, "val/loss")]
         assert len(val) == len(set(val)) >= STEPS // VAL_EVERY, val
-        assert not pending.exists()  # everything was sent
+        assert not (run_dir / "mlflow_pending.jsonl").exists()  # everything was sent
     finally:
         _stop_server(server)

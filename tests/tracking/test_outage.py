@@ -60,6 +60,20 @@ def _stop_server(proc: subprocess.Popen) -> None:
         proc.wait(timeout=30)
 
 
+def restart_once_buffering(server: subprocess.Popen, proc: subprocess.Popen, run_dir: Path,
+                           d: Path, port: int, store: str | None = None) -> subprocess.Popen:
+    """Kill ``server`` under the training ``proc``, wait until the run buffers to disk
+    (mlflow_pending.jsonl appears), then start the server again on the same port and store."""
+    _stop_server(server)
+    pending = run_dir / "mlflow_pending.jsonl"
+    deadline = time.time() + 300
+    while not pending.is_file():  # the run noticed the outage and buffers to disk
+        assert proc.poll() is None, "training died with the server: " + proc.stdout.read()[-3000:]
+        assert time.time() < deadline, "the run never started buffering"
+        time.sleep(0.2)
+    return _start_server(d, port, store)
+
+
 @pytest.mark.slow
 def test_server_outage_mid_run_buffers_and_replays(tmp_path: Path, shared_data_dir: Path,
                                                   train_cli) -> None:
@@ -78,14 +92,7 @@ def test_server_outage_mid_run_buffers_and_replays(tmp_path: Path, shared_data_d
     try:
         with training(train_cli.cmd(*args), train_cli.repo, train_cli.env()) as proc:
             run_id = wait_for_steps(proc, run_dir, uri, min_steps=3)
-            _stop_server(server)
-            pending = run_dir / "mlflow_pending.jsonl"
-            deadline = time.time() + 300
-            while not pending.is_file():  # the run noticed the outage and buffers to disk
-                assert proc.poll() is None, "training died with the server: " + proc.stdout.read()[-3000:]
-                assert time.time() < deadline, "the run never started buffering"
-                time.sleep(0.5)
-            server = _start_server(tmp_path, port)
+            server = restart_once_buffering(server, proc, run_dir, tmp_path, port)
             out, _ = proc.communicate(timeout=900)
         assert proc.returncode == 0, out[-4000:]
         assert "Traceback" not in out, out[-4000:]
