@@ -173,7 +173,8 @@ def _curves(parent: SweepParent, runs: pd.DataFrame, flops_convention: str,
         if not loss:
             continue
         seen = dict(history.get((r.run_id, "tokens_seen"), []))
-        tokens = [step * tps(r) if tps(r) > 0 else seen.get(step, 0.0) for step, _ in loss]
+        rate = per_step[r.run_id]
+        tokens = [step * rate if rate > 0 else seen.get(step, 0.0) for step, _ in loss]
         df = pd.DataFrame({"run_id": r.run_id, "step": [s for s, _ in loss], "tokens": tokens,
                            "loss": [v for _, v in loss]})
         df["flops"] = df["tokens"] * getattr(r, fpt_col)
