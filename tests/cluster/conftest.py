@@ -1,6 +1,6 @@
 """A real single-node SLURM, an MLflow server on PostgreSQL and an Optuna database beside it,
 started by the project's own scripts (scripts/cluster_up.sh, scripts/cluster_down.sh) once per
-test session.
+pytest run.
 
 Under pytest-xdist the workers share one cluster: the first to arrive brings it up, the last to
 leave takes it down (a counter under a file lock in the session's shared temp folder).
