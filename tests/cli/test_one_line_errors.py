@@ -55,11 +55,12 @@ def test_a_password_in_the_tracking_uri_is_never_printed(tmp_path: Path, train_c
 
 @pytest.mark.slow
 def test_out_of_memory_is_one_line_and_the_run_is_failed(tmp_path: Path, train_cli) -> None:
-    def small_address_space() -> None:  # the model below needs ~25 GB: the allocator fails
+    def small_address_space() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
-    args = [*TINY, *train_cli.isolated(tmp_path), "model.d_model=8192", "model.n_layers=12",
-            "model.n_heads=16"]
+    # the first block's fused qkv alone is 65,536 x 196,608 floats (51 GB): the allocator fails
+    # at once, instead of after filling 8 GB with initial weights
+    args = [*TINY, *train_cli.isolated(tmp_path), "model.d_model=65536", "model.n_heads=16"]
     import subprocess
 
     r = subprocess.run(train_cli.cmd(*args), env=train_cli.env(), capture_output=True, text=True,
