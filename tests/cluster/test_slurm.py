@@ -13,6 +13,7 @@ server on PostgreSQL, all started by scripts/cluster_up.sh (conftest.py).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -99,8 +100,13 @@ def _lose_the_node(cluster, cmd: list[str], sweep_dir: Path, log: Path) -> tuple
         time.sleep(max(0.0, started + 25 - time.time()))
         r = cluster.up()
         assert r.returncode == 0, r.stdout + r.stderr
-        _until("the sweep to report both points lost", lambda: log.read_text().count(
-            "lost its node (NODE_FAIL); SLURM requeued it") == 2, proc=proc)
+
+        def every_lost_job_reported() -> bool:  # a job that ended before the crash is not lost
+            ended = _slurm(cluster, "sacct", "-X", "-n", "-P", "-o", "State", "-j", job).split()
+            return log.read_text().count("lost its node (NODE_FAIL); SLURM requeued it") == (
+                2 - ended.count("COMPLETED"))
+
+        _until("the sweep to report the points lost", every_lost_job_reported, proc=proc)
         _slurm(cluster, "scancel", job)
         proc.wait(timeout=300)
     finally:
@@ -114,23 +120,30 @@ def test_sweep_on_slurm_reports_points_lost_with_the_node_and_a_rerun_finishes_t
         cluster, tmp_path: Path) -> None:
     sweep_dir, experiment = tmp_path / "sweep", f"slurm_{tmp_path.name}"
     cmd = _sweep_command(sweep_dir, experiment)
-    # 1. the node is lost under both points: the sweep names them and why, and exits 1
+    # 1. the node is lost under both points: the sweep names them and why, and exits 1. On a
+    #    loaded machine the small point may finish its run before the node goes: it is done,
+    #    not lost, and only the other is reported
     with cluster.node(exclusive=True):
         out, lost_array = _lose_the_node(cluster, cmd, sweep_dir, tmp_path / "first.log")
     assert out.startswith("exit code 1"), out[-3000:]
-    assert out.count("lost its node (NODE_FAIL); then CANCELLED; rerun the sweep") == 4, out[-3000:]
+    lost = re.findall(r"failed (\S+): SLURM job \S+ lost its node \(NODE_FAIL\); then "
+                      r"CANCELLED; rerun the sweep", out)
+    assert 1 <= len(lost) <= 2, out[-3000:]
+    assert out.count("lost its node (NODE_FAIL); then CANCELLED; rerun the sweep") == 2 * len(lost)
     client = MlflowClient(cluster.tracking_uri)
     exp = client.get_experiment_by_name(experiment)
-    assert {r.info.status for r in client.search_runs([exp.experiment_id])} <= {"FAILED", "KILLED"}
-    # 2. the same command again finishes them: every point is a task of one new job array that
-    #    SLURM's accounting says completed
+    statuses = [r.info.status for r in client.search_runs([exp.experiment_id])]
+    assert statuses.count("FINISHED") == 2 - len(lost), statuses
+    assert set(statuses) - {"FINISHED"} <= {"FAILED", "KILLED"}, statuses
+    # 2. the same command again finishes them: every lost point is a task of one new job array
+    #    that SLURM's accounting says completed
     r = subprocess.run(cmd, cwd=REPO, env=cluster.env(), capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     arrays = [p.name for p in sweep_dir.glob("multirun/*/.submitit/*") if "_" not in p.name]
     (array,) = set(arrays) - {lost_array}
     states = _slurm(cluster, "sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", array).split()
-    assert sorted(states) == [f"{array}_0|COMPLETED", f"{array}_1|COMPLETED"], states
+    assert sorted(states) == [f"{array}_{i}|COMPLETED" for i in range(len(lost))], states
     # the parent and its children nest on the server: one FINISHED child per point, and the
     # runs the lost jobs had started closed KILLED, none left RUNNING
     runs = client.search_runs([exp.experiment_id])
