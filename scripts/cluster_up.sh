@@ -213,6 +213,9 @@ if ! alive "$DIR/mlflow/server.pid"; then
     # the password stays out of the command line (ps): MLflow reads the store URI from this file
     BACKEND="postgresql+psycopg://mlflow:$PGPASS@127.0.0.1:$POSTGRES_PORT/mlflow"
     (umask 077; printf '%s' "$BACKEND" >"$DIR/mlflow/backend_uri")
+    # no job runner: it serves MLflow's GenAI jobs, which scalelab never submits, and costs
+    # ~1.4 GB and a quarter of a core while idle (scalelab/tracking/ui.py: SERVER_ENV)
+    MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}" \
     MLFLOW_BACKEND_STORE_URI="$BACKEND" nohup setsid "$PY" -m mlflow server \
         --host 127.0.0.1 --port "$MLFLOW_PORT" --workers "${SCALELAB_MLFLOW_WORKERS:-4}" \
         --artifacts-destination "$DIR/mlflow/artifacts" >"$DIR/mlflow/server.log" 2>&1 &

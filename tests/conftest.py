@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from scalelab.tracking.ui import server_env
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
@@ -93,7 +95,7 @@ def _healthy(url: str) -> bool:
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """ONE real `mlflow server` (SQLite backend, proxied artifacts) for the whole session.
 
-    Started on first use (5-10 s, ~1 GB), stopped (its whole process group) at the end.
+    Started on first use (5-10 s, ~0.5 GB; no job runner, as `make ui` runs it), stopped (its whole process group) at the end.
     Yields its URL, e.g. http://127.0.0.1:54321.
     """
     d = tmp_path_factory.mktemp("mlflow_server")
@@ -107,7 +109,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "--workers", "1",
     ]
     log = open(d / "server.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=server_env())
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     try:

@@ -36,10 +36,12 @@ def _start_server(d: Path, port: int, store: str | None = None) -> subprocess.Po
     group; the store URI goes in the environment, where MLflow reads it (no password in ps)."""
     from tests.conftest import sqlite_store
 
+    from scalelab.tracking.ui import server_env
+
     mlflow_bin = Path(sys.executable).parent / "mlflow"
     cmd = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "server", "--host", "127.0.0.1",
            "--port", str(port), "--artifacts-destination", str(d / "artifacts"), "--workers", "1"]
-    env = dict(os.environ, MLFLOW_BACKEND_STORE_URI=store or sqlite_store(d / "mlflow.db"))
+    env = dict(server_env(), MLFLOW_BACKEND_STORE_URI=store or sqlite_store(d / "mlflow.db"))
     log = open(d / "server.log", "a")  # noqa: SIM115 (the child holds it; closed with the test)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env=env)

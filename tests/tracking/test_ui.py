@@ -30,7 +30,8 @@ def test_ui_serves_the_store(tmp_path: Path) -> None:
     from conftest import free_port
 
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "scalelab.tracking.ui", "--port", str(port), "--store",
          f"sqlite:///{tmp_path}/m.db", "--artifacts", str(tmp_path / "arts")],
@@ -49,6 +50,10 @@ def test_ui_serves_the_store(tmp_path: Path) -> None:
                 pass
             assert proc.poll() is None and time.time() < deadline, "UI did not come up"
             time.sleep(0.5)
+        # the server runs without MLflow's job runner (GenAI jobs): ~0.5 GB, not ~1.9 GB
+        servers = _descendants(proc.pid)
+        assert any(" server " in c for c in servers), servers
+        assert not [c for c in servers if "huey" in c or "mlflow.server.jobs" in c], servers
         req = url + "/api/2.0/mlflow/experiments/search?max_results=10"
         with urllib.request.urlopen(req, timeout=10) as r:
             names = [e["name"] for e in json.load(r)["experiments"]]
@@ -67,6 +72,25 @@ def test_ui_serves_the_store(tmp_path: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # any leftover worker of this process group
     assert f"open {url}" in out
+
+
+def _descendants(pid: int) -> list[str]:
+    """The command lines of every process below ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    below, grew = {pid}, True
+    while grew:
+        more = {c for c, p in parents.items() if p in below} - below
+        below |= more
+        grew = bool(more)
+    lines = []
+    for child in below - {pid}:
+        with contextlib.suppress(OSError):
+            lines.append(Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+    return lines
 
 
 def _port_busy(port: int) -> bool:
