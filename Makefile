@@ -10,10 +10,10 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
-# Tests run in parallel (pytest-xdist): most of their time is single-threaded start-up of
-# subprocesses, one worker per core; one worker more, since the cluster tests mostly wait on
-# SLURM (docs/development.md); capped at 4 (each worker may start an MLflow server, ~1.2 GB).
-TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
+# Tests run in parallel (pytest-xdist), one worker per core, at most 4: most of a test's time is
+# the single-threaded start-up of the processes it drives. A worker more than the cores costs
+# more CPU for the same tests and ends later (docs/development.md).
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 PYTEST_PAR := -n $(TEST_JOBS) --dist worksteal
 
 help: ## Show this help
