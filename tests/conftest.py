@@ -95,8 +95,8 @@ def _healthy(url: str) -> bool:
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """ONE real `mlflow server` (SQLite backend, proxied artifacts) for the whole session.
 
-    Started on first use (5-10 s, ~0.5 GB; no job runner, as `make ui` runs it), stopped (its whole process group) at the end.
-    Yields its URL, e.g. http://127.0.0.1:54321.
+    Started on first use (5-10 s, ~0.5 GB: no job runner, as `make ui` runs it), stopped (its
+    whole process group) at the end. Yields its URL, e.g. http://127.0.0.1:54321.
     """
     d = tmp_path_factory.mktemp("mlflow_server")
     port = free_port()

@@ -161,9 +161,9 @@ def serve(cmd: list[str], grace: float = 10.0) -> int:
     """Run ``cmd`` in its own process group and take the whole group down with this process.
 
     Not a plain exec: mlflow 3.17's `mlflow server` forwards SIGTERM to uvicorn but then does
-    not exit when its job runner is on (it lingers). Here Ctrl-C, SIGTERM or SIGHUP to THIS pid reach every
-    server process, and whatever is still alive ``grace`` seconds later is killed, so
-    `kill <pid of make ui>` always frees the port.
+    not exit while a job runner lingers (when one is on). Here Ctrl-C, SIGTERM or SIGHUP to THIS
+    pid reach every server process, and whatever is still alive ``grace`` seconds later is
+    killed, so `kill <pid of make ui>` always frees the port.
     """
     proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent,
                             env=server_env())
