@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 
@@ -75,21 +76,11 @@ def test_ui_serves_the_store(tmp_path: Path) -> None:
 
 
 def _descendants(pid: int) -> list[str]:
-    """The command lines of every process below ``pid`` (from /proc)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-    below, grew = {pid}, True
-    while grew:
-        more = {c for c, p in parents.items() if p in below} - below
-        below |= more
-        grew = bool(more)
+    """The command lines of every process below ``pid``."""
     lines = []
-    for child in below - {pid}:
-        with contextlib.suppress(OSError):
-            lines.append(Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # one that exits meanwhile
+            lines.append(" ".join(child.cmdline()))
     return lines
 
 
