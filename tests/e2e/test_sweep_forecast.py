@@ -1,5 +1,6 @@
 """End to end: a real sweep whose forecast stage trains the runs it forecast, against a real
-MLflow (SQLite) store; a rerun trains nothing."""
+MLflow (SQLite) store, with the line-ending task scored and forecast too; a rerun trains
+nothing."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 ARGS = ["sweep=cpu_tiny", "sweep.name=tiny_forecast", "sweep.budgets=[3e9,6e9,1.2e10]",
         "sweep.forecast_multiples=[2]", "sweep.forecast_lr_factors=[0.5,1]", "sweep.val_evals=1",
-        "sweep.bootstrap=10"]
+        "sweep.bootstrap=10", "sweep.task_items=200"]
 
 
 def _sweep(env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -46,8 +47,14 @@ def test_forecast_stage_trains_its_runs_and_scores_them(tmp_path):
     assert report.startswith("# Scaling-law report\n\n## Answer\n")  # then the forecast section
     assert "**Forecast at 2x** (C = 2.4e+10 FLOPs)" in report.split("## Forecast vs outcome")[0]
     assert (sweep_dir / "report" / "forecast.png").is_file()
-    # the study's fit and runs.csv hold the study's points only
-    assert len(pd.read_csv(sweep_dir / "runs.csv")) == 9
+    # the study's fit and runs.csv hold the study's points only, each scored on the task
+    study = pd.read_csv(sweep_dir / "runs.csv")
+    assert len(study) == 9 and study["task_acc"].between(0, 1).all()
+    assert (study["task_loss"] > 0).all()
+    assert "task forecast: task loss = " in first.stdout
+    assert "### Task accuracy: a two-step forecast" in report
+    task_rows = pd.read_csv(sweep_dir / "report" / "forecast_runs.csv").query("role != 'grid'")
+    assert task_rows["task_acc_pred"].notna().all() and task_rows["task_acc_actual"].notna().all()
 
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("sweep_tiny_forecast")
@@ -68,6 +75,10 @@ def test_forecast_stage_trains_its_runs_and_scores_them(tmp_path):
         assert r.data.metrics["forecast/loss_pred"] == pytest.approx(pred, abs=1e-4)
         assert r.data.metrics["forecast/error"] == pytest.approx(actual / pred - 1, abs=1e-3)
         assert r.data.metrics["forecast/covered"] == float(lo <= actual <= hi)
+        acc, acc_lo = r.data.metrics["final/task_acc"], float(r.data.tags["forecast_task_acc_lo"])
+        acc_hi = float(r.data.tags["forecast_task_acc_hi"])
+        assert acc_lo < float(r.data.tags["forecast_task_acc_pred"]) < acc_hi
+        assert r.data.metrics["forecast/task_covered"] == float(acc_lo <= acc <= acc_hi)
     assert parent.data.metrics["forecast/2x/loss_actual"] == pytest.approx(row.loss_actual)
 
     second = _sweep(env)

@@ -142,10 +142,11 @@ def run(argv: list[str]) -> int:
 def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
                estimates: list[float] | None, console: Any, t_start: float) -> int:
     """Open the parent run, train the pending points, then collect, fit and report."""
-    from scalelab.scaling.heldout_scorer import HeldoutScorer
-    from scalelab.tracking.sweep import HELDOUT_SET_TAG, SweepParent
+    from scalelab.scaling.heldout_scorer import HeldoutScorer, Scorers, TaskScorer
+    from scalelab.tracking.sweep import HELDOUT_SET_TAG, TASK_SET_TAG, SweepParent
 
     heldout = _heldout_set(settings, base)  # a set that does not fit fails before any run
+    task = _task_set(settings, base)
     experiment = settings.experiment_name or f"sweep_{settings.name}"
     from scalelab.tracking.store_check import check_sqlite_store
 
@@ -157,8 +158,11 @@ def _run_sweep(plan: Any, spec: Any, settings: Any, base: Any, sweep_dir: Path,
     parent.log_params(_parent_params(plan, settings))
     # the set this invocation scores on: a point scored on another one is scored again, or (with
     # no set now) falls back to its own validation loss (scaling.collect)
-    parent.set_tags({HELDOUT_SET_TAG: heldout.fingerprint if heldout else "none"})
-    scorer = HeldoutScorer(parent, sweep_dir, heldout, console.print) if heldout else None
+    parent.set_tags({HELDOUT_SET_TAG: heldout.fingerprint if heldout else "none",
+                     TASK_SET_TAG: task.fingerprint if task else "none"})
+    scorer = Scorers(HeldoutScorer(parent, sweep_dir, heldout, console.print) if heldout else None,
+                     TaskScorer(parent, sweep_dir, task, console.print) if task else None)
+    scorer = scorer if scorer.scorers else None
     try:
         plan, outcome, tuned = _train_points(plan, spec, settings, base, sweep_dir, parent,
                                              scorer, estimates, console)
@@ -261,6 +265,20 @@ def _heldout_set(settings: Any, base: Any) -> Any:
     from scalelab.scaling.heldout import HeldoutSet
 
     return HeldoutSet.from_tokens(base.val_tokens, base.block_size, settings.heldout_tokens)
+
+
+def _task_set(settings: Any, base: Any) -> Any:
+    """The line-ending task's items (sweep.task_items), or None without one."""
+    if not settings.task_items:
+        return None
+    if base.val_tokens is None or base.newline_id is None:
+        raise ValueError("sweep.task_items needs a causal-LM corpus with a validation split and "
+                         "a tokenizer with a newline token (e.g. tokenizer=char); set "
+                         "sweep.task_items=0")
+    from scalelab.scaling.task_metric import ContinuationTask
+
+    return ContinuationTask.from_tokens(base.val_tokens, base.newline_id, base.block_size,
+                                        settings.task_items, settings.task_ending)
 
 
 def argv_without_plan_only(overrides: list[str]) -> list[str]:

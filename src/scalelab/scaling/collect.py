@@ -25,6 +25,7 @@ from scalelab.tracking.final import final_values
 from scalelab.tracking.redact import redact
 from scalelab.tracking.sweep import (
     HELDOUT_SET_TAG,
+    TASK_SET_TAG,
     ChildRun,
     SweepParent,
     metric_histories,
@@ -53,13 +54,15 @@ def _num(d: dict[str, str], key: str, default: float = float("nan")) -> float:
         return default
 
 
-def _row(c: ChildRun, heldout_set: str | None = None) -> dict:
+def _row(c: ChildRun, heldout_set: str | None = None, task_set: str | None = None) -> dict:
     p, t = c.params, c.tags
     # final values (tags final.*, or older runs' final/* metrics) as final/<name> beside the curves
     m = {**c.metrics, **{f"final/{k}": v for k, v in final_values(t, c.metrics).items()}}
     if heldout_set is not None and t.get(HELDOUT_SET_TAG) != heldout_set:
         # scored on another held-out set than the sweep's (or on none): not comparable
         m = {k: v for k, v in m.items() if not k.startswith("final/heldout_")}
+    if t.get(TASK_SET_TAG) != task_set:  # no task now, or scored on other items
+        m = {k: v for k, v in m.items() if not k.startswith("final/task_")}
     fpt, fpt6 = _num(p, "flops_per_token"), _num(p, "flops_per_token_6n")
     # tokens actually trained on: the final count, else the planned budget
     tokens = _num(m, "final/tokens_seen", _num(p, "tokens_budget", _num(m, "tokens_seen")))
@@ -86,6 +89,8 @@ def _row(c: ChildRun, heldout_set: str | None = None) -> dict:
         "replicate": int(_num(t, "sweep_replicate", 0)), "stage": t.get("sweep_stage", "main"),
         "lr_factor": _num(t, "sweep_lr_factor", 1.0), "loss_source": loss_key,
         "loss_se": _num(m, "final/heldout_se"), "val_loss": _num(m, "final/val_loss"), "heldout_tokens": _num(m, "final/heldout_tokens"),
+        "task_loss": _num(m, "final/task_loss"), "task_acc": _num(m, "final/task_acc"),
+        "task_acc_se": _num(m, "final/task_acc_se"),
         "run_name": c.name,
     }
 
@@ -116,8 +121,8 @@ def collect(parent: SweepParent, n_convention: str = "matmul",
     if point_ids is not None:
         children = [c for c in children if c.point_id in point_ids]
     done = latest_finished(children)
-    heldout_set = parent.heldout_set()
-    rows = [_row(c, heldout_set) for c in done.values()]
+    heldout_set, task_set = parent.heldout_set(), parent.task_set()
+    rows = [_row(c, heldout_set, task_set) for c in done.values()]
     cols = ["run_id", "point", "point_id", "variant", "budget", "size_index", "N", "D", "C",
             "loss", "bpb"]
     runs = pd.DataFrame(rows)

@@ -62,7 +62,7 @@ def forecast_md(result: Any, study: pd.DataFrame, out: Path, n_boot: int) -> tup
              "error": f"{r.error:+.2%}" if r.error == r.error else "",
              "covered": "" if r.covered is None else ("yes" if r.covered else "**no**")}
             for r in runs.itertuples()])), ""]
-    md += _checks_md(result)
+    md += _checks_md(result) + task_md(runs)
     cv = ", ".join(f"{k} {v:.2%}" if math.isfinite(v) else f"{k} (too few budgets)"
                    for k, v in fc.cv_error.items())
     md += [f"Cross-validation error of each form (optimal loss at a budget left out, rms): {cv}. "
@@ -86,6 +86,27 @@ def _checks_md(result: Any) -> list[str]:
         md.append(f"- **lr x batch grid around N***: the laws' run is {grid[0]:+.2%} against the "
                   f"grid's best ({grid[1]}); {'within' if grid[0] <= 0.005 else '**outside**'} 0.5 %.")
     return md + ([""] if md else [])
+
+
+def task_md(runs: pd.DataFrame) -> list[str]:
+    """The task accuracy's two-step forecast beside each run's score (none without a task)."""
+    if runs.empty or "task_acc_pred" not in runs or runs["task_acc_pred"].isna().all():
+        return []
+    rows = [{"run": r.run_name, "role": r.role,
+             "task loss forecast": f"{r.task_loss_pred:.3f}",
+             "task loss actual": f"{r.task_loss_actual:.3f}" if r.task_loss_actual == r.task_loss_actual else "",
+             "accuracy forecast [95 %]": f"{r.task_acc_pred:.3f} [{r.task_acc_lo:.3f}, {r.task_acc_hi:.3f}]",
+             "actual": f"{r.task_acc_actual:.3f}" if r.task_acc_actual == r.task_acc_actual else "",
+             "error": f"{r.task_acc_actual - r.task_acc_pred:+.3f}" if r.task_acc_actual == r.task_acc_actual else "",
+             "covered": "" if r.task_covered is None else ("yes" if r.task_covered else "**no**")}
+            for r in runs.itertuples() if r.task_acc_pred == r.task_acc_pred]
+    return ["### Task accuracy: a two-step forecast", "",
+            "Pick the right ending of a held-out line among four (chance 0.25). Step 1: the loss "
+            "forecast above, through the line from held-out loss to task loss fitted on the study; "
+            "step 2: accuracy from task loss, in the form that best forecast the study's largest "
+            "budget from the rest. The interval spans the three accuracy forms over step 1's "
+            "interval, plus the items' sampling error (docs/scaling-study.md, *Task forecast*).",
+            "", md_table(pd.DataFrame(rows)), ""]
 
 
 def exponent_md(study: pd.DataFrame, n_boot: int) -> list[str]:

@@ -6,7 +6,9 @@ then trained as ordinary sweep points (children of the parent, ``sweep_stage=for
 the study's hyperparameter laws, and the forecast goes onto each child as tags *before* it
 trains. An optional lr x batch grid around N* at the first multiple tests the laws there.
 ``forecast.csv`` (one row per target budget) and ``forecast_runs.csv`` (one per run) land in
-<sweep>/forecast and in the report folder, whose report opens with them.
+<sweep>/forecast and in the report folder, whose report opens with them. With a task
+(``sweep.task_items``), each run's task accuracy is forecast too (scaling/task_forecast.py),
+tagged before it trains, and scored beside its loss.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ FORECAST_COLUMNS = ["budget_multiple", "budget", "N_star", "D_star", "loss_pred"
                     "loss_hi", "loss_actual"]
 RUN_COLUMNS = ["budget_multiple", "budget", "role", "lr_factor", "batch_factor", "N", "D", "lr",
                "batch", "loss_pred", "loss_lo", "loss_hi", "loss_actual", "error", "covered",
-               "run_name"]
+               "run_name", "task_loss_pred", "task_loss_actual", "task_acc_pred", "task_acc_lo",
+               "task_acc_hi", "task_acc_actual", "task_covered"]
+TASK_CHANCE = 0.25  # four endings to choose among (scaling/task_metric.py)
 MIN_BUDGETS = 3  # leave-one-budget-out cross-validation needs >= 2 budgets left to fit
 
 
@@ -83,6 +87,7 @@ def run_forecast_stage(plan: Plan, study: pd.DataFrame, settings: Any, base: Any
     for line in _forecast_lines(fc):
         echo(f"forecast: {line}")
     points = forecast_points(plan, fc, shapes) if spec.forecast_train else []
+    points = _with_task_forecast(points, finished, settings, echo)
     failed: dict[str, str] = {}
     if points:
         fplan = dataclasses.replace(plan, points=points)
@@ -173,9 +178,38 @@ def _as_forecast(p: PlanPoint, t: Target, run: ForecastRun) -> PlanPoint:
                        "forecast_role": run.role, "forecast_multiple": f"{t.multiple:g}"})
 
 
+def _with_task_forecast(points: list[PlanPoint], study: pd.DataFrame, settings: Any,
+                        echo: Callable[[str], None]) -> list[PlanPoint]:
+    """``points`` with the task forecast of each run that has a loss forecast added to its
+    tags; unchanged without a task, or with too few of the study's runs scored on it."""
+    from .task_forecast import ACC_FORMS, MIN_RUNS, fit_task_forecaster
+
+    if not getattr(settings, "task_items", 0) or "task_acc" not in study:
+        return points
+    tf = fit_task_forecaster(study, TASK_CHANCE, settings.task_items)
+    if tf is None:
+        echo(f"task forecast skipped: fewer than {MIN_RUNS} of the study's runs have a task score")
+        return points
+    cv = ", ".join(f"{f} {tf.cv_error.get(f, math.nan):.3f}" for f in ACC_FORMS)
+    echo(f"task forecast: task loss = {tf.line[0]:.3f} + {tf.line[1]:.3f} x loss; accuracy form "
+         f"{tf.best} (error on the largest budget, fitted without it: {cv})")
+    out = []
+    for p in points:
+        tags = p.forecast_tags
+        if "forecast_loss_pred" in tags:
+            f = tf.forecast(*(float(tags[f"forecast_loss_{k}"]) for k in ("pred", "lo", "hi")))
+            tags = tags | {f"forecast_{k}": f"{v:.5f}" for k, v in f.items()}
+            echo(f"task forecast {p.forecast_multiple:g}x {p.forecast_role}: accuracy "
+                 f"{f['task_acc_pred']:.3f} [{f['task_acc_lo']:.3f}, {f['task_acc_hi']:.3f}]")
+        out.append(dataclasses.replace(p, forecast_tags=tags))
+    return out
+
+
 def outcome_table(points: list[PlanPoint], got: pd.DataFrame) -> pd.DataFrame:
     """One row per forecast run: what was forecast and what it trained to."""
     loss = dict(zip(got["point_id"], got["loss"], strict=True)) if not got.empty else {}
+    task = {k: dict(zip(got["point_id"], got[k], strict=True))
+            for k in ("task_loss", "task_acc") if k in got}
     rows = []
     for p in points:
         pred = float(p.forecast_tags.get("forecast_loss_pred", "nan"))
@@ -188,8 +222,22 @@ def outcome_table(points: list[PlanPoint], got: pd.DataFrame) -> pd.DataFrame:
                      "batch": p.tokens_per_step, "loss_pred": pred, "loss_lo": lo, "loss_hi": hi,
                      "loss_actual": actual, "error": actual / pred - 1 if pred == pred else math.nan,
                      "covered": bool(lo <= actual <= hi) if actual == actual and lo == lo else None,
-                     "run_name": p.name})
+                     "run_name": p.name, **_task_outcome(p, task)})
     return pd.DataFrame(rows, columns=RUN_COLUMNS)  # the columns even with no run trained
+
+
+def _task_outcome(p: PlanPoint, task: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The run's task forecast (its tags) beside its task score; NaN where either is missing."""
+    def tag(key: str) -> float:
+        return float(p.forecast_tags.get(f"forecast_{key}", "nan"))
+
+    acc = float(task.get("task_acc", {}).get(p.point_id, math.nan))
+    lo, hi = tag("task_acc_lo"), tag("task_acc_hi")
+    return {"task_loss_pred": tag("task_loss_pred"),
+            "task_loss_actual": float(task.get("task_loss", {}).get(p.point_id, math.nan)),
+            "task_acc_pred": tag("task_acc_pred"), "task_acc_lo": lo, "task_acc_hi": hi,
+            "task_acc_actual": acc,
+            "task_covered": bool(lo <= acc <= hi) if acc == acc and lo == lo else None}
 
 
 def target_table(fc: Forecast, runs: pd.DataFrame) -> pd.DataFrame:
@@ -256,6 +304,12 @@ def summary_lines(result: ForecastResult) -> list[str]:
             lines.append(f"allocation at {result.forecast.targets[0].multiple:g}x: N* is "
                          f"{alloc[0]:+.2%} against the better neighbour "
                          f"({'passes' if alloc[1] else 'fails'}: <= +0.5 %)")
+    for r in result.runs.itertuples():
+        if r.task_acc_actual == r.task_acc_actual and r.task_acc_pred == r.task_acc_pred:
+            lines.append(f"task forecast {r.budget_multiple:g}x {r.role}: accuracy "
+                         f"{r.task_acc_pred:.3f} [{r.task_acc_lo:.3f}, {r.task_acc_hi:.3f}], "
+                         f"actual {r.task_acc_actual:.3f} ({r.task_acc_actual - r.task_acc_pred:+.3f}, "
+                         f"{'covered' if r.task_covered else 'NOT covered'})")
     grid = grid_check(result.runs)
     if grid is not None:
         lines.append(f"lr x batch grid: the laws' run is {grid[0]:+.2%} against the grid's best "
@@ -273,6 +327,12 @@ def _log_outcomes(parent: Any, runs: pd.DataFrame, table: pd.DataFrame,
                 "forecast/loss_pred": r.loss_pred, "forecast/loss_lo": r.loss_lo,
                 "forecast/loss_hi": r.loss_hi, "forecast/error": r.error,
                 "forecast/covered": float(bool(r.covered))})
+        if ids.get(r.run_name) and r.task_acc_actual == r.task_acc_actual \
+                and r.task_acc_pred == r.task_acc_pred:
+            parent.log_child_metrics(ids[r.run_name], {
+                "forecast/task_acc_pred": r.task_acc_pred, "forecast/task_acc_lo": r.task_acc_lo,
+                "forecast/task_acc_hi": r.task_acc_hi,
+                "forecast/task_covered": float(bool(r.task_covered))})
     metrics = {}
     for r in table.itertuples():
         key = f"forecast/{r.budget_multiple:g}x"

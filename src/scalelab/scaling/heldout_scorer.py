@@ -1,5 +1,6 @@
-"""Scoring each finished sweep point on the study's fixed held-out set (``scaling/heldout.py``)
-from the sweep process, and logging the result to the point's own MLflow run."""
+"""Scoring each finished sweep point from the sweep process, and logging the result to the
+point's own MLflow run: on the study's fixed held-out set (``scaling/heldout.py``) and, when
+``sweep.task_items`` is set, on the line-ending task (``scaling/task_metric.py``)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,7 @@ class HeldoutScorer:
         was, had = child.tags.get(HELDOUT_SET_TAG), HELDOUT_KEYS[0] in child.metrics
         if had and was == self.fingerprint:
             return
-        ckpt = self.sweep_dir / "runs" / p.name / "checkpoints" / "last.ckpt"
-        if not ckpt.is_file():  # trained under an earlier plan, where its index differed
-            found = sorted(self.sweep_dir.glob(f"runs/*_{p.point_id[:8]}/checkpoints/last.ckpt"))
-            ckpt = found[-1] if found else ckpt
+        ckpt = point_checkpoint(self.sweep_dir, p)
         if not ckpt.is_file():
             self.echo(f"  [yellow]{p.name}: no {ckpt}; its fits use final/val_loss[/yellow]")
             return
@@ -50,10 +48,73 @@ class HeldoutScorer:
 
     def score_all(self, points: list[PlanPoint]) -> None:
         """Every finished point not scored yet (e.g. trained by an earlier invocation)."""
-        from scalelab.scaling.collect import latest_finished
+        _score_all(self, points)
 
-        done = latest_finished(self.parent.children())
-        for p in points:
-            if p.point_id in done:
-                self(p, done[p.point_id])
+
+def _score_all(scorer: Any, points: list[PlanPoint]) -> None:
+    from scalelab.scaling.collect import latest_finished
+
+    done = latest_finished(scorer.parent.children())
+    for p in points:
+        if p.point_id in done:
+            scorer(p, done[p.point_id])
+
+
+def point_checkpoint(sweep_dir: Path, p: PlanPoint) -> Path:
+    """The point's final checkpoint (also when it trained under an earlier plan, where its
+    folder's index differed); the expected path when there is none."""
+    ckpt = sweep_dir / "runs" / p.name / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file():
+        found = sorted(sweep_dir.glob(f"runs/*_{p.point_id[:8]}/checkpoints/last.ckpt"))
+        ckpt = found[-1] if found else ckpt
+    return ckpt
+
+
+class TaskScorer:
+    """Scores each finished point's final checkpoint on the line-ending task and logs
+    final/task_loss, _acc, _acc_se and _items to the point's own MLflow run."""
+
+    def __init__(self, parent: Any, sweep_dir: Path, task: Any,
+                 echo: Callable[[str], None] = print) -> None:
+        self.parent, self.sweep_dir, self.task, self.echo = parent, sweep_dir, task, echo
+        self.fingerprint = task.fingerprint
+        self.scored = 0
+
+    def __call__(self, p: PlanPoint, child: Any) -> None:
+        from scalelab.scaling.task_metric import TASK_KEYS, evaluate_task
+        from scalelab.tracking.sweep import TASK_SET_TAG
+
+        if TASK_KEYS[1] in child.metrics and child.tags.get(TASK_SET_TAG) == self.fingerprint:
+            return
+        ckpt = point_checkpoint(self.sweep_dir, p)
+        if not ckpt.is_file():
+            self.echo(f"  [yellow]{p.name}: no {ckpt}; no task score[/yellow]")
+            return
+        m = evaluate_task(ckpt, self.task)
+        for k, v in m.items():
+            self.parent.client.log_metric(child.run_id, k, v)
+        self.parent.client.set_tag(child.run_id, TASK_SET_TAG, self.fingerprint)
+        child.metrics.update(m)
+        child.tags[TASK_SET_TAG] = self.fingerprint
+        self.scored += 1
+        self.echo(f"    task {p.name}: accuracy {m[TASK_KEYS[1]]:.3f} ± {m[TASK_KEYS[2]]:.3f}, "
+                  f"task loss {m[TASK_KEYS[0]]:.4f} on {m[TASK_KEYS[3]]:,.0f} items")
+
+    def score_all(self, points: list[PlanPoint]) -> None:
+        _score_all(self, points)
+
+
+class Scorers:
+    """Several scorers called as one (the launcher's ``on_finished`` takes one)."""
+
+    def __init__(self, *scorers: Any) -> None:
+        self.scorers = [s for s in scorers if s is not None]
+
+    def __call__(self, p: PlanPoint, child: Any) -> None:
+        for s in self.scorers:
+            s(p, child)
+
+    def score_all(self, points: list[PlanPoint]) -> None:
+        for s in self.scorers:
+            s.score_all(points)
 

@@ -36,6 +36,11 @@ class RunSettings:
     # every point's final loss on one fixed set of this many validation tokens (0: off, the
     # fits use each run's own final/val_loss); see scaling/heldout.py
     heldout_tokens: int = 0
+    # a downstream task scored on every point (scaling/task_metric.py): this many held-out lines,
+    # each with ``task_ending`` tokens to choose among four; 0: off. The forecast stage then
+    # forecasts its accuracy in two steps (scaling/task_forecast.py)
+    task_items: int = 0
+    task_ending: int = 16
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -50,6 +55,11 @@ class RunSettings:
             raise ValueError(f"sweep.heldout_tokens={self.heldout_tokens!r}: a token count >= 0 "
                              "(0 turns the fixed held-out evaluation off)")
         self.heldout_tokens = int(self.heldout_tokens)
+        for key in ("task_items", "task_ending"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"sweep.{key}={value!r}: an integer >= 0 (sweep.task_items=0 "
+                                 "turns the task off)")
         if self.val_evals < 1 or self.val_batches < 1:
             raise ValueError("sweep.val_evals and sweep.val_batches must be >= 1")
         if isinstance(self.log_points, bool) or int(self.log_points) < 1:

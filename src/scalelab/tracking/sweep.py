@@ -172,6 +172,10 @@ class SweepParent:
         "none" when it scores none); None for a sweep from before the tag."""
         return self.client.get_run(self.run_id).data.tags.get(HELDOUT_SET_TAG)
 
+    def task_set(self) -> str | None:
+        """The fingerprint of the task items the sweep scores on now ("none": no task)."""
+        return self.client.get_run(self.run_id).data.tags.get(TASK_SET_TAG)
+
     def url(self) -> str:
         return run_url(self.tracking_uri, self.experiment_id, self.run_id)
 
@@ -186,6 +190,7 @@ STALE_TAG = "scalelab.stale"
 # parent and child: the fingerprint of the fixed held-out set (scaling.heldout.HeldoutSet); a
 # child's held-out loss counts only when its tag matches its parent's
 HELDOUT_SET_TAG = "heldout_set"
+TASK_SET_TAG = "task_set"  # the fingerprint of the task items a point (or the sweep) scores on
 
 
 def children_of(client: MlflowClient, experiment_id: str, parent_run_id: str) -> list[ChildRun]:
