@@ -107,7 +107,33 @@ def summarize(by_lr: dict[float, list[float]]) -> dict[str, object]:
     resolved = not edge and len(by_lr[best]) > 1 and all(
         statistics.fmean(g) > statistics.stdev(g) for g in gaps)
     return {"best_lr": best, "best_loss": mean(by_lr[best]), "per_seed_best_lr": per_seed,
-            "resolved": resolved, "at_grid_edge": edge}
+            "resolved": resolved, "at_grid_edge": edge, **optimum_interval(by_lr)}
+
+
+def optimum_interval(by_lr: dict[float, list[float]], n_boot: int = 2000) -> dict[str, float]:
+    """The optimum's position between grid points: log2 of the lr at the vertex of the parabola
+    (in log2 lr) through the best seed-mean loss and its two neighbours, with a 95 % interval
+    from resampling the seeds (a diverged seed makes its resample's curve infinite there)."""
+    import numpy as np
+
+    lrs = sorted(by_lr)
+    x = np.log2(lrs)
+    y = np.array([by_lr[lr] for lr in lrs], dtype=float)  # [lr, seed]
+    y[~np.isfinite(y)] = np.inf
+
+    def vertex(curve: np.ndarray) -> float:
+        i = int(np.argmin(curve))
+        if i in (0, len(curve) - 1) or not np.isfinite(curve[i - 1:i + 2]).all():
+            return float(x[i])  # at the grid's edge, or a diverged neighbour: the grid point
+        c = np.polyfit(x[i - 1:i + 2], curve[i - 1:i + 2], 2)
+        return float(-c[1] / (2 * c[0]))
+
+    rng = np.random.default_rng(0)
+    seeds = y.shape[1]
+    boot = [vertex(y[:, rng.integers(0, seeds, seeds)].mean(axis=1)) for _ in range(n_boot)]
+    lo, hi = np.percentile(boot, [2.5, 97.5]) if seeds > 1 else (math.nan, math.nan)
+    return {"optimum_log2_lr": vertex(y.mean(axis=1)), "optimum_log2_lo": float(lo),
+            "optimum_log2_hi": float(hi)}
 
 
 def plot(results: dict[str, dict[int, dict[float, list[float]]]], out: Path, title: str) -> None:
@@ -185,7 +211,8 @@ def main() -> None:
             print(f"{par:8s} d={width:4d} heads={cfg.n_heads:3d}  best lr 2^{math.log2(s['best_lr']):.0f}"
                   f"  loss {s['best_loss']:.4f}  per seed "
                   f"{[f'2^{math.log2(lr):.0f}' for lr in s['per_seed_best_lr']]}"
-                  f"  resolved {s['resolved']}", flush=True)
+                  f"  resolved {s['resolved']}  optimum 2^{s['optimum_log2_lr']:.2f} "
+                  f"[{s['optimum_log2_lo']:.2f}, {s['optimum_log2_hi']:.2f}]", flush=True)
             # after every width, so an interrupted study keeps what it measured
             (args.out / f"{args.name}.json").write_text(json.dumps(meta | {
                 "summary": {p: {str(w): summarize(d) for w, d in r.items()}
