@@ -86,8 +86,9 @@ def run_forecast_stage(plan: Plan, study: pd.DataFrame, settings: Any, base: Any
                        n_boot=settings.bootstrap)
     for line in _forecast_lines(fc):
         echo(f"forecast: {line}")
+    task = task_forecaster(finished, settings, fc, echo)
     points = forecast_points(plan, fc, shapes) if spec.forecast_train else []
-    points = _with_task_forecast(points, finished, settings, echo)
+    points = _with_task_tags(points, task)
     failed: dict[str, str] = {}
     if points:
         fplan = dataclasses.replace(plan, points=points)
@@ -178,29 +179,39 @@ def _as_forecast(p: PlanPoint, t: Target, run: ForecastRun) -> PlanPoint:
                        "forecast_role": run.role, "forecast_multiple": f"{t.multiple:g}"})
 
 
-def _with_task_forecast(points: list[PlanPoint], study: pd.DataFrame, settings: Any,
-                        echo: Callable[[str], None]) -> list[PlanPoint]:
-    """``points`` with the task forecast of each run that has a loss forecast added to its
-    tags; unchanged without a task, or with too few of the study's runs scored on it."""
+def task_forecaster(study: pd.DataFrame, settings: Any, fc: Forecast,
+                    echo: Callable[[str], None]) -> Any:
+    """The task's two-step forecaster fitted on the study's runs, its forecast of every target
+    run said on the console; None without a task or with too few runs scored on it."""
     from .task_forecast import ACC_FORMS, MIN_RUNS, fit_task_forecaster
 
     if not getattr(settings, "task_items", 0) or "task_acc" not in study:
-        return points
+        return None
     tf = fit_task_forecaster(study, TASK_CHANCE, settings.task_items)
     if tf is None:
         echo(f"task forecast skipped: fewer than {MIN_RUNS} of the study's runs have a task score")
-        return points
+        return None
     cv = ", ".join(f"{f} {tf.cv_error.get(f, math.nan):.3f}" for f in ACC_FORMS)
     echo(f"task forecast: task loss = {tf.line[0]:.3f} + {tf.line[1]:.3f} x loss; accuracy form "
          f"{tf.best} (error on the largest budget, fitted without it: {cv})")
+    for t in fc.targets:
+        for run in t.runs:
+            f = tf.forecast(run.loss_pred, run.loss_lo, run.loss_hi)
+            echo(f"task forecast {t.multiple:g}x {run.role}: accuracy {f['task_acc_pred']:.3f} "
+                 f"[{f['task_acc_lo']:.3f}, {f['task_acc_hi']:.3f}]")
+    return tf
+
+
+def _with_task_tags(points: list[PlanPoint], tf: Any) -> list[PlanPoint]:
+    """``points`` with the task forecast of each run that has a loss forecast in its tags."""
+    if tf is None:
+        return points
     out = []
     for p in points:
         tags = p.forecast_tags
         if "forecast_loss_pred" in tags:
             f = tf.forecast(*(float(tags[f"forecast_loss_{k}"]) for k in ("pred", "lo", "hi")))
             tags = tags | {f"forecast_{k}": f"{v:.5f}" for k, v in f.items()}
-            echo(f"task forecast {p.forecast_multiple:g}x {p.forecast_role}: accuracy "
-                 f"{f['task_acc_pred']:.3f} [{f['task_acc_lo']:.3f}, {f['task_acc_hi']:.3f}]")
         out.append(dataclasses.replace(p, forecast_tags=tags))
     return out
 
