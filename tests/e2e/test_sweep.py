@@ -118,6 +118,9 @@ def test_plan_only_and_bad_plans(env):
     assert clash.returncode == 2 and "Traceback" not in clash.stderr
     assert clash.stderr.strip().splitlines() == [clash.stderr.strip()]
     assert "optim.lr=1e-3" in clash.stderr and "sweep.lr" in clash.stderr
+    task = _sweep(env, "--plan-only", "sweep=cpu_tiny", "sweep.task_items=-5")
+    assert task.returncode == 2 and task.stderr.strip().splitlines() == [task.stderr.strip()]
+    assert "sweep.task_items=-5" in task.stderr and "Traceback" not in task.stderr
 
 
 def test_failing_points_do_not_stop_the_others(env):

@@ -56,6 +56,21 @@ def test_too_few_lines_and_bad_lengths_name_the_key():
         ContinuationTask.from_tokens(toks, nl, block=48, n_items=10, ending=46)
     with pytest.raises(ValueError, match=r"sweep\.task_items=-1"):
         RunSettings(name="x", task_items=-1)
+    with pytest.raises(ValueError, match=r"sweep\.task_ending=0: an integer >= 1"):
+        RunSettings(name="x", task_ending=0)
+
+
+def test_data_without_a_newline_token_is_refused_in_one_line():
+    from types import SimpleNamespace
+
+    from scalelab.cli.sweep import _task_set
+
+    settings = RunSettings(name="x", task_items=20, task_ending=8)
+    assert _task_set(RunSettings(name="x"), None) is None  # no task: nothing asked of the data
+    seq2seq = SimpleNamespace(val_tokens=None, prepared_dir=None, block_size=32)
+    with pytest.raises(ValueError, match=r"sweep\.task_items needs .* newline token") as e:
+        _task_set(settings, seq2seq)
+    assert "\n" not in str(e.value)
 
 
 def test_logprobs_are_the_models_own_and_the_scores_follow_them():

@@ -271,13 +271,18 @@ def _task_set(settings: Any, base: Any) -> Any:
     """The line-ending task's items (sweep.task_items), or None without one."""
     if not settings.task_items:
         return None
-    if base.val_tokens is None or base.newline_id is None:
+    newline = []
+    if base.val_tokens is not None and base.prepared_dir is not None:
+        from scalelab.data.shards import PreparedData
+
+        newline = PreparedData.load(base.prepared_dir).tokenizer.encode("\n")
+    if len(newline) != 1:
         raise ValueError("sweep.task_items needs a causal-LM corpus with a validation split and "
                          "a tokenizer with a newline token (e.g. tokenizer=char); set "
                          "sweep.task_items=0")
     from scalelab.scaling.task_metric import ContinuationTask
 
-    return ContinuationTask.from_tokens(base.val_tokens, base.newline_id, base.block_size,
+    return ContinuationTask.from_tokens(base.val_tokens, newline[0], base.block_size,
                                         settings.task_items, settings.task_ending)
 
 

@@ -34,7 +34,7 @@ class BaseRun:
     # the trainer's logging cadence: the floor of each point's (point_log_every); 50 is Lightning's
     log_every_n_steps: int = 50
     precision: str = "32-true"  # trainer.precision as configured (on a CPU, points run auto as 32-true)
-    newline_id: int | None = None  # the token of "\n" when the tokenizer has one (line tasks)
+    prepared_dir: Path | None = None  # the prepared data (tokenizer, splits); None for seq2seq
 
 
 def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
@@ -49,7 +49,7 @@ def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
         raise ValueError(f"sweep.train_overrides {train_overrides}: {e}") from None
     spec = build_spec(cfg)
     root = Path(str(cfg.paths.root))
-    vocab, train_tokens, val_tokens, newline_id = spec.model.vocab_size, None, None, None
+    vocab, train_tokens, val_tokens, prepared_dir = spec.model.vocab_size, None, None, None
     if spec.objective != "seq2seq":
         from scalelab.data import prepare
 
@@ -58,8 +58,7 @@ def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
         vocab = prepared.vocab_size
         train_tokens = len(prepared.tokens("train"))
         val_tokens = prepared.tokens("val")
-        newline = prepared.tokenizer.encode("\n")
-        newline_id = newline[0] if len(newline) == 1 else None
+        prepared_dir = prepared.dir
     spec.with_vocab(vocab)  # validates
     # the fields as configured (n_kv_heads/d_ff may be null = derived), with the real vocab
     model_fields = dict(spec.model_fields, vocab_size=spec.model_fields.get("vocab_size") or vocab)
@@ -75,7 +74,7 @@ def resolve_base(train_overrides: list[str], progress: bool = True) -> BaseRun:
                    str(cfg.trainer.accelerator), val_tokens, str(spec.train.batch_unit),
                    (spec.train.micro_batch_size or 1) * spec.world_size, int(cfg.seed),
                    int(cfg.trainer.get("log_every_n_steps") or 50), str(cfg.trainer.precision),
-                   newline_id)
+                   prepared_dir)
 
 
 def build_plan(spec: SweepSpec, family: FamilyConfig, settings: RunSettings,

@@ -55,11 +55,11 @@ class RunSettings:
             raise ValueError(f"sweep.heldout_tokens={self.heldout_tokens!r}: a token count >= 0 "
                              "(0 turns the fixed held-out evaluation off)")
         self.heldout_tokens = int(self.heldout_tokens)
-        for key in ("task_items", "task_ending"):
+        for key, least in (("task_items", 0), ("task_ending", 1)):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"sweep.{key}={value!r}: an integer >= 0 (sweep.task_items=0 "
-                                 "turns the task off)")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"sweep.{key}={value!r}: an integer >= {least} "
+                                 "(sweep.task_items=0 turns the task off)")
         if self.val_evals < 1 or self.val_batches < 1:
             raise ValueError("sweep.val_evals and sweep.val_batches must be >= 1")
         if isinstance(self.log_points, bool) or int(self.log_points) < 1:
