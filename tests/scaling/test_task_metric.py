@@ -52,6 +52,9 @@ def test_too_few_lines_and_bad_lengths_name_the_key():
     with pytest.raises(ValueError, match=r"sweep\.task_items=5,000") as e:
         ContinuationTask.from_tokens(toks, nl, block=48, n_items=5000, ending=12)
     assert "\n" not in str(e.value)
+    same = np.asarray(byte_tokenizer().encode("    x = call(1)\n" * 50), dtype=np.int64)
+    with pytest.raises(ValueError, match="too few distinct endings"):
+        ContinuationTask.from_tokens(same, nl, block=48, n_items=5, ending=6)
     with pytest.raises(ValueError, match=r"sweep\.task_ending=46"):
         ContinuationTask.from_tokens(toks, nl, block=48, n_items=10, ending=46)
     with pytest.raises(ValueError, match=r"sweep\.task_items=-1"):

@@ -79,13 +79,18 @@ def _distinct_endings(toks: np.ndarray, endings: np.ndarray, true: np.ndarray, l
                       rng: np.random.Generator) -> list[np.ndarray]:
     """CHOICES - 1 endings of other lines, unlike the true one and each other."""
     out: list[np.ndarray] = []
-    while len(out) < CHOICES - 1:
+    for _ in range(1000 * CHOICES):  # a corpus whose lines end alike runs out of distractors
+        if len(out) == CHOICES - 1:
+            return out
         other = int(rng.integers(0, len(endings)))
         cand = toks[endings[other]]
         if other != line and not np.array_equal(cand, true) and \
                 not any(np.array_equal(cand, o) for o in out):
             out.append(cand)
-    return out
+    if len(out) == CHOICES - 1:
+        return out
+    raise ValueError(f"the validation split's lines have too few distinct endings to draw "
+                     f"{CHOICES - 1} wrong ones for each item; lower sweep.task_ending")
 
 
 def ending_logprobs(model: Any, task: ContinuationTask, batch: int = 256) -> np.ndarray:
