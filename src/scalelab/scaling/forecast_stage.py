@@ -185,7 +185,7 @@ def task_forecaster(study: pd.DataFrame, settings: Any, fc: Forecast,
     run said on the console; None without a task or with too few runs scored on it."""
     from .task_forecast import ACC_FORMS, MIN_RUNS, fit_task_forecaster
 
-    if not getattr(settings, "task_items", 0) or "task_acc" not in study:
+    if not settings.task_items or "task_acc" not in study:
         return None
     tf = fit_task_forecaster(study, TASK_CHANCE, settings.task_items)
     if tf is None:

@@ -33,11 +33,7 @@ class HeldoutScorer:
             self.echo(f"  [yellow]{p.name}: no {ckpt}; its fits use final/val_loss[/yellow]")
             return
         m = evaluate_checkpoint(ckpt, self.heldout)
-        for k, v in m.items():
-            self.parent.client.log_metric(child.run_id, k, v)
-        self.parent.client.set_tag(child.run_id, HELDOUT_SET_TAG, self.fingerprint)
-        child.metrics.update(m)
-        child.tags[HELDOUT_SET_TAG] = self.fingerprint
+        _record(self.parent, child, m, HELDOUT_SET_TAG, self.fingerprint)
         self.scored += 1
         again = ""
         if had:  # scored before on another set (or before sets had fingerprints)
@@ -48,16 +44,30 @@ class HeldoutScorer:
 
     def score_all(self, points: list[PlanPoint]) -> None:
         """Every finished point not scored yet (e.g. trained by an earlier invocation)."""
-        _score_all(self, points)
+        _score_all([self], points)
 
 
-def _score_all(scorer: Any, points: list[PlanPoint]) -> None:
+def _score_all(scorers: list[Any], points: list[PlanPoint]) -> None:
+    """Each of ``scorers`` on every finished point among ``points`` (one query for the children)."""
     from scalelab.scaling.collect import latest_finished
 
-    done = latest_finished(scorer.parent.children())
+    if not scorers:
+        return
+    done = latest_finished(scorers[0].parent.children())
     for p in points:
         if p.point_id in done:
-            scorer(p, done[p.point_id])
+            for scorer in scorers:
+                scorer(p, done[p.point_id])
+
+
+def _record(parent: Any, child: Any, metrics: dict[str, float], tag: str, fingerprint: str) -> None:
+    """Log ``metrics`` and the scored set's fingerprint to the child's run, and keep the
+    in-memory child in step (the later fits read it)."""
+    for k, v in metrics.items():
+        parent.client.log_metric(child.run_id, k, v)
+    parent.client.set_tag(child.run_id, tag, fingerprint)
+    child.metrics.update(metrics)
+    child.tags[tag] = fingerprint
 
 
 def point_checkpoint(sweep_dir: Path, p: PlanPoint) -> Path:
@@ -78,7 +88,6 @@ class TaskScorer:
                  echo: Callable[[str], None] = print) -> None:
         self.parent, self.sweep_dir, self.task, self.echo = parent, sweep_dir, task, echo
         self.fingerprint = task.fingerprint
-        self.scored = 0
 
     def __call__(self, p: PlanPoint, child: Any) -> None:
         from scalelab.scaling.task_metric import TASK_KEYS, evaluate_task
@@ -91,17 +100,12 @@ class TaskScorer:
             self.echo(f"  [yellow]{p.name}: no {ckpt}; no task score[/yellow]")
             return
         m = evaluate_task(ckpt, self.task)
-        for k, v in m.items():
-            self.parent.client.log_metric(child.run_id, k, v)
-        self.parent.client.set_tag(child.run_id, TASK_SET_TAG, self.fingerprint)
-        child.metrics.update(m)
-        child.tags[TASK_SET_TAG] = self.fingerprint
-        self.scored += 1
+        _record(self.parent, child, m, TASK_SET_TAG, self.fingerprint)
         self.echo(f"    task {p.name}: accuracy {m[TASK_KEYS[1]]:.3f} ± {m[TASK_KEYS[2]]:.3f}, "
                   f"task loss {m[TASK_KEYS[0]]:.4f} on {m[TASK_KEYS[3]]:,.0f} items")
 
     def score_all(self, points: list[PlanPoint]) -> None:
-        _score_all(self, points)
+        _score_all([self], points)
 
 
 class Scorers:
@@ -115,6 +119,5 @@ class Scorers:
             s(p, child)
 
     def score_all(self, points: list[PlanPoint]) -> None:
-        for s in self.scorers:
-            s.score_all(points)
+        _score_all(self.scorers, points)
 
