@@ -20,7 +20,6 @@ from scalelab.data.files import atomic_write_json, atomic_write_text
 from scalelab.training.checkpoint import (
     CheckpointError,
     CheckpointWriteError,
-    VerifiedCheckpointIO,
     newest_verified,
     read_checkpoint,
     read_sharded,
@@ -28,6 +27,7 @@ from scalelab.training.checkpoint import (
     verify,
     write_checkpoint,
 )
+from scalelab.training.checkpoint_io import VerifiedCheckpointIO
 
 
 def _ckpt(step: int, n: int = 64) -> dict:

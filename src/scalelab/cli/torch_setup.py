@@ -102,12 +102,19 @@ def run_threads(spec: RunSpec, plan: Callable[..., Any] = thread_plan) -> int:
 
 
 def setup_torch(spec: RunSpec) -> None:
-    """Threads (applied here, when the run starts), matmul precision and every seed (Python,
-    numpy, torch, dataloader workers)."""
-    import pytorch_lightning as pl
+    """Threads (applied here, when the run starts) and matmul precision."""
     import torch
 
     quiet_lightning()
     torch.set_num_threads(run_threads(spec))
     torch.set_float32_matmul_precision(str(spec.train.matmul_precision))
+
+
+def seed_everything(spec: RunSpec) -> None:
+    """Every seed (Python, numpy, torch, dataloader workers), with Lightning's own function.
+    Called once the inputs are checked: importing Lightning costs seconds that a bad input
+    should not wait for, and the data preparation before it draws from seeded generators of
+    its own."""
+    import pytorch_lightning as pl
+
     pl.seed_everything(spec.seed, workers=True, verbose=False)

@@ -226,7 +226,7 @@ def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
                uri: str | None, requested: dict[str, Any]) -> CheckedRun:
     """Choose the checkpoint, probe MLflow and prepare the data: every input error surfaces
     here, before the run folder is committed or an MLflow run exists."""
-    from scalelab.cli.torch_setup import setup_torch
+    from scalelab.cli.torch_setup import seed_everything, setup_torch
     from scalelab.cli.tracking_setup import probe_tracking
     from scalelab.training.signals import is_slurm_requeue
 
@@ -243,6 +243,7 @@ def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
     model_cfg = spec.with_vocab(data.vocab_size)
     check_resume_point(point, spec, out_dir, model_config=model_cfg.to_dict(),
                        tokenizer=data.tokenizer_spec)
+    seed_everything(spec)  # every input checked: the weights are drawn after this
     return CheckedRun(cfg, spec, model_cfg, data, point, uri, folder)
 
 

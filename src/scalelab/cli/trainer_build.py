@@ -72,7 +72,7 @@ def scalelab_callbacks(spec: RunSpec, out_dir: Path, meta: dict[str, Any],
 def _checkpoint_callbacks(spec: RunSpec, ckpt_dir: Path) -> list[Any]:
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from scalelab.training.signals import SaveOnStop
+    from scalelab.training.save_on_stop import SaveOnStop
 
     if not spec.saves_checkpoints:
         return []
@@ -94,7 +94,7 @@ def _checkpoint_callbacks(spec: RunSpec, ckpt_dir: Path) -> list[Any]:
 
 def trainer_kwargs(cfg: DictConfig, spec: RunSpec, tracker: Any, callbacks: list[Any],
                    out_dir: Path) -> dict[str, Any]:
-    from scalelab.training.checkpoint import VerifiedCheckpointIO
+    from scalelab.training.checkpoint_io import VerifiedCheckpointIO
 
     trainer = spec.trainer
     accum = spec.batch.grad_accum

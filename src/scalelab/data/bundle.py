@@ -35,15 +35,18 @@ def build_data_bundle(objective: str, data: DataConfig, tokenizer: TokenizerConf
                       cache_dir: Path, progress: bool = True) -> DataBundle:
     """The DataModule for ``objective`` (causal | mlm | seq2seq) and what the run needs to know
     about its vocabulary; token shards are prepared (or reused from ``cache_dir``) first."""
-    from scalelab.data import datamodules  # imports Lightning: only when a run is built
-
+    # datamodules imports Lightning: only once the shards are ready (a bad input fails sooner)
     if objective == "seq2seq":
+        from scalelab.data import datamodules
+
         dm = datamodules.Seq2SeqDataModule(data, batch_size=micro_batch, seed=seed)
         vocab = dm.vocab
         return DataBundle(dm, int(dm.vocab_size), vocab,
                           vocab.spec(),
                           bytes_per_token=1.0)
     prepared = prepare(data, tokenizer, cache_dir=cache_dir, progress=progress)
+    from scalelab.data import datamodules
+
     module_class = datamodules.MaskedLMDataModule if objective == "mlm" else datamodules.CausalLMDataModule
     dm = module_class(prepared, block_size=block_size, batch_size=micro_batch, seed=seed,
                       val_batches=val_batches)

@@ -1,11 +1,12 @@
 """The checkpoint format, in one place: how a checkpoint is written, read, verified and chosen.
 
-- Writing (``VerifiedCheckpointIO``, given to the Trainer as a plugin, so ModelCheckpoint,
-  StepCheckpoints and ``trainer.save_checkpoint`` all use it): a temp file in the destination
-  folder, fsync, the old sidecar removed, rename, then a ``<name>.sha256`` sidecar holding size
-  and SHA-256 (a kill at any point leaves a pair that verifies or a file that loads). Lightning's own
-  writer stages the file in $TMPDIR and moves it, which across filesystems is a plain copy that a
-  full disk leaves truncated under the final name.
+- Writing (``write_checkpoint``; ``checkpoint_io.VerifiedCheckpointIO`` gives it to the Trainer
+  as a plugin, so ModelCheckpoint, StepCheckpoints and ``trainer.save_checkpoint`` all use it):
+  a temp file in the destination folder, fsync, the old sidecar removed, rename, then a
+  ``<name>.sha256`` sidecar holding size and SHA-256 (a kill at any point leaves a pair that
+  verifies or a file that loads). Lightning's own writer stages the file in $TMPDIR and moves
+  it, which across filesystems is a plain copy that a full disk leaves truncated under the
+  final name.
 - Reading (``read_checkpoint``): always ``torch.load(weights_only=True)``, passed explicitly so
   TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD cannot turn it off; a broken file is one ``CheckpointError``
   line naming the file and the fix, never torch's advice to load with weights_only=False.
@@ -43,7 +44,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning_fabric.plugins import TorchCheckpointIO
 
 from scalelab.data.files import atomic_write_json, fsync_dir, temp_path_for
 
@@ -130,26 +130,6 @@ def _write_error(path: Path, e: OSError) -> CheckpointWriteError:
            if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check that the folder is writable")
     return CheckpointWriteError(e.errno or errno.EIO,
                                 f"could not write checkpoint {path}: {why}; {fix}")
-
-
-class VerifiedCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint IO with ``write_checkpoint``/``read_checkpoint`` semantics."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
-                        storage_options: Any | None = None) -> None:
-        if storage_options is not None:
-            raise TypeError("VerifiedCheckpointIO takes no storage_options")
-        write_checkpoint(checkpoint, path)
-
-    def load_checkpoint(self, path: Any, map_location: Any = None,
-                        weights_only: bool | None = None) -> dict[str, Any]:
-        # weights_only is ignored on purpose: scalelab checkpoints hold plain data only
-        return read_checkpoint(path, map_location=map_location or "cpu")
-
-    def remove_checkpoint(self, path: Any) -> None:
-        super().remove_checkpoint(path)
-        with contextlib.suppress(FileNotFoundError):
-            sidecar_path(Path(path)).unlink()
 
 
 # --- reading ------------------------------------------------------------------------------------
