@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import sqlite_store
 
 # Long enough that 1.5 s past the first checkpoint is mid-run on a fast machine too: with 120
-# steps a run once finished, and closed its MLflow run, before the kill arrived (CI, d4d48a3).
+# steps a run can finish, and close its MLflow run, before the kill arrives.
 STEPS = 600
 
 

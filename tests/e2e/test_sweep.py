@@ -104,11 +104,12 @@ def test_plan_only_and_bad_plans(env):
     ok = _sweep(env, "--plan-only", "sweep=cpu_tiny")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "sweep plan: 6 runs" in ok.stdout and "nothing ran" in ok.stdout
-    assert "held-out scoring" not in ok.stdout
+    assert "measured scoring" not in ok.stdout
     scored = _sweep(env, "--plan-only", "sweep=cpu_tiny", "sweep.heldout_tokens=20000",
-                    "sweep.estimate_time=true")
+                    "sweep.task_items=100", "sweep.estimate_time=true")
     assert scored.returncode == 0, scored.stderr[-2000:]
-    assert "measured held-out scoring of 5 sizes" in scored.stdout, scored.stdout[-3000:]
+    assert "measured scoring of 5 sizes" in scored.stdout, scored.stdout[-3000:]
+    assert "a run on 20,000 held-out tokens and 100 task items" in scored.stdout
     assert "estimated wall time" in scored.stdout
     bad = _sweep(env, "--plan-only", "sweep=cpu_tiny", "sweep.budgets=[1e6]")
     assert bad.returncode == 2

@@ -94,6 +94,21 @@ def test_scoring_time_scales_to_the_windows_the_held_out_set_really_has() -> Non
         assert score_seconds({(2, 16, ""): 0.5}, n_tokens, 32) == {(2, 16, ""): 0.5 * real}
 
 
+def test_scoring_time_counts_one_window_per_choice_of_each_task_item() -> None:
+    from scalelab.scaling.heldout import score_seconds, window_count
+    from scalelab.scaling.task_metric import ContinuationTask
+
+    tokens = (np.arange(20_000) * 7919 % 97).astype(np.int64)
+    tokens[::41] = 0  # the newline token: lines of 40 tokens
+    task = ContinuationTask.from_tokens(tokens, 0, 32, 50, 8)
+    windows = task.sequences.reshape(-1, task.sequences.shape[-1])
+    assert windows.shape == (4 * task.n_items, 33)  # what ending_logprobs runs the model on
+    assert score_seconds({(2, 16, ""): 0.5}, 0, 32, task.n_items) == {
+        (2, 16, ""): 0.5 * len(windows)}
+    both = score_seconds({(2, 16, ""): 0.5}, 6400, 32, task.n_items)[(2, 16, "")]
+    assert both == pytest.approx(0.5 * (window_count(6400, 32) + len(windows)))
+
+
 def test_the_estimate_adds_each_points_scoring_time() -> None:
     from scalelab.scaling.wall_time import estimate_seconds
 

@@ -39,15 +39,16 @@ def estimate_points(plan: Any, base: Any, settings: Any, console: Any
                   f"{time.time() - t0:.1f} s: {min(fps.values()):.2g}-{max(fps.values()):.2g} "
                   "FLOP/s[/dim]")
     score: dict = {}
-    if settings.heldout_tokens:
+    if settings.heldout_tokens or settings.task_items:
         t0 = time.time()
         # the sweep process scores each run's checkpoint with 1 thread while others train
         score = score_seconds(measure_seconds_per_window(plan, threads=1),
-                              settings.heldout_tokens, plan.seq_len)
-        console.print(f"[dim]measured held-out scoring of {len(score)} sizes in "
+                              settings.heldout_tokens, plan.seq_len, settings.task_items)
+        on = [f"{settings.heldout_tokens:,} held-out tokens"] if settings.heldout_tokens else []
+        on += [f"{settings.task_items:,} task items"] if settings.task_items else []
+        console.print(f"[dim]measured scoring of {len(score)} sizes in "
                       f"{time.time() - t0:.1f} s: {min(score.values()):.1f}-"
-                      f"{max(score.values()):.1f} s a run on {settings.heldout_tokens:,} "
-                      "tokens[/dim]")
+                      f"{max(score.values()):.1f} s a run on {' and '.join(on)}[/dim]")
     return estimate_seconds(plan, fps, settings.run_overhead_s, score), (fps, score)
 
 

@@ -135,10 +135,14 @@ def measure_seconds_per_window(plan: Any, threads: int = 1,
 
 
 def score_seconds(per_window: dict[tuple[int, int, str], float], n_tokens: int,
-                  block: int) -> dict[tuple[int, int, str], float]:
-    """Seconds to score one checkpoint of each shape on a held-out set of ``n_tokens`` tokens.
+                  block: int, task_items: int = 0) -> dict[tuple[int, int, str], float]:
+    """Seconds to score one checkpoint of each shape on a held-out set of ``n_tokens`` tokens
+    (0: none) and on ``task_items`` items of the line-ending task (each item is one window of
+    ``block`` tokens per choice: scaling/task_metric.py).
 
     The sweep scores in its own process while the runs train, so on a full machine this time
     is taken from them: the wall-time estimate counts it."""
-    n = window_count(n_tokens, block)
+    from scalelab.scaling.task_metric import CHOICES
+
+    n = (window_count(n_tokens, block) if n_tokens else 0) + CHOICES * int(task_items)
     return {key: s * n for key, s in per_window.items()}
