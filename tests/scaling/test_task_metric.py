@@ -132,3 +132,26 @@ def test_a_linear_relation_picks_the_linear_form_and_few_runs_give_none():
     assert fit_task_forecaster(_study(line).head(MIN_RUNS - 1), 0.25, 1000) is None
     with pytest.raises(ValueError, match="accuracy form 'cubic'"):
         fit_accuracy("cubic", [1.0, 2.0], [0.7, 0.5], 0.25)
+
+
+def test_the_task_scores_study_and_forecast_runs_but_not_tune_runs(tmp_path):
+    """A point with no checkpoint is named (its task score is missing); a tune run is not
+    scored at all, so it is not named either."""
+    import dataclasses
+    import types
+
+    from scalelab.scaling.heldout_scorer import TaskScorer
+    from scalelab.scaling.planner import make_plan
+    from scalelab.scaling.sweep_spec import FamilyConfig, SweepSpec
+
+    plan = make_plan(SweepSpec(budgets=[2e9], sizes_per_budget=2, size_span=4.0),
+                     FamilyConfig(head_dim=8, aspect_ratio=16, max_layers=2),
+                     {"vocab_size": 256, "max_seq_len": 32}, 4 * 32, train_tokens=10_000_000)
+    main = plan.points[0]
+    task = ContinuationTask.from_tokens(_tokens(), 10, block=32, n_items=4, ending=8)
+    said: list[str] = []
+    scorer = TaskScorer(None, tmp_path, task, said.append)
+    child = types.SimpleNamespace(metrics={}, tags={})
+    for p in (main, dataclasses.replace(main, stage="forecast"), dataclasses.replace(main, stage="tune")):
+        scorer(p, child)
+    assert len(said) == 2 and all("no task score" in s for s in said), said

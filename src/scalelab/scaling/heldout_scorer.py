@@ -82,7 +82,8 @@ def point_checkpoint(sweep_dir: Path, p: PlanPoint) -> Path:
 
 class TaskScorer:
     """Scores each finished point's final checkpoint on the line-ending task and logs
-    final/task_loss, _acc, _acc_se and _items to the point's own MLflow run."""
+    final/task_loss, _acc, _acc_se and _items to the point's own MLflow run (the tune stage's
+    runs are left out: nothing reads their task scores)."""
 
     def __init__(self, parent: Any, sweep_dir: Path, task: Any,
                  echo: Callable[[str], None] = print) -> None:
@@ -93,6 +94,8 @@ class TaskScorer:
         from scalelab.scaling.task_metric import TASK_KEYS, evaluate_task
         from scalelab.tracking.sweep import TASK_SET_TAG
 
+        if p.stage == "tune":  # the task forecast uses the study's points and forecast runs
+            return
         if TASK_KEYS[1] in child.metrics and child.tags.get(TASK_SET_TAG) == self.fingerprint:
             return
         ckpt = point_checkpoint(self.sweep_dir, p)
