@@ -6,9 +6,9 @@
 
 During ``trainer.fit``/``validate`` the first signal is only recorded: ``SaveOnStop``
 (``save_on_stop.py``) stops the loop at the end of the current optimizer step (on every rank at
-the same step under DDP), so the checkpoint written on the way out holds a consistent step. A second Ctrl-C stops at
-once. Outside the Trainer (data preparation, final sample, uploads) a signal raises
-``RunStopped`` right away.
+the same step under DDP), so the checkpoint written on the way out holds a consistent step. A
+second Ctrl-C stops at once. Outside the Trainer (data preparation, final sample, uploads) a
+signal raises ``RunStopped`` right away.
 
 ``RunStopped`` is a ``SystemExit`` whose code is 128 + the signal number, so whatever does not
 catch it still exits with the shell's conventional code.
