@@ -55,12 +55,14 @@ def _children(uri: str, name: str) -> tuple[str, list]:
 
 
 def test_cpu_tiny_sweep_then_rerun_trains_nothing(env):
+    """With joblib's launcher, two runs at a time, as the cpu_small and cpu_medium presets run."""
     root, e = env
     t0 = time.time()
-    first = _sweep(env, "sweep=cpu_tiny", *FAST)
+    first = _sweep(env, "sweep=cpu_tiny", *FAST, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     wall = time.time() - t0
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "6 trained now" in first.stdout
+    assert "with launcher=hydra (joblib)" in first.stdout
     pid, kids = _children(e["MLFLOW_TRACKING_URI"], "cpu_tiny")
     assert len(kids) == 6
     assert {k.info.status for k in kids} == {"FINISHED"}
