@@ -3,7 +3,8 @@ and the fixed held-out set, through a real `scalelab-sweep` process and a real M
 store. Kept lean: one budget (3e9: short runs, since each round is a launch of its own), 2 sizes
 x 2 seeds after a 2-size x 3-lr grid, a 2-size x 3-batch grid and a 2-size x 2-beta2 grid (20
 tiny runs, one after another: the basic launcher starts one process a round, where joblib's
-would start two more, for 40 % more CPU here; test_sweep.py runs a sweep with joblib)."""
+would start two more and the sweep would take 65 % more CPU; test_sweep.py runs a sweep with
+joblib)."""
 
 from __future__ import annotations
 

@@ -81,16 +81,16 @@ def _distinct_endings(toks: np.ndarray, endings: np.ndarray, true: np.ndarray, l
     out: list[np.ndarray] = []
     for _ in range(1000 * CHOICES):  # a corpus whose lines end alike runs out of distractors
         if len(out) == CHOICES - 1:
-            return out
+            break
         other = int(rng.integers(0, len(endings)))
         cand = toks[endings[other]]
         if other != line and not np.array_equal(cand, true) and \
                 not any(np.array_equal(cand, o) for o in out):
             out.append(cand)
-    if len(out) == CHOICES - 1:
-        return out
-    raise ValueError(f"the validation split's lines have too few distinct endings to draw "
-                     f"{CHOICES - 1} wrong ones for each item; lower sweep.task_ending")
+    if len(out) < CHOICES - 1:
+        raise ValueError(f"the validation split's lines have too few distinct endings to draw "
+                         f"{CHOICES - 1} wrong ones for each item; lower sweep.task_ending")
+    return out
 
 
 def ending_logprobs(model: Any, task: ContinuationTask, batch: int = 256) -> np.ndarray:
