@@ -113,12 +113,15 @@ def check_same_config(point: ResumePoint, spec: RunSpec, out_dir: Path,
     spec.run_name = str(meta.get("run_name") or spec.run_name)  # a run keeps its name
 
 
-def check_resume_point(point: ResumePoint, spec: RunSpec, out_dir: Path, *,
-                       model_config: dict[str, Any], tokenizer: dict[str, Any]) -> None:
-    """Raise (one line) unless ``point`` may continue into ``out_dir`` with this model."""
+def check_resume_point(point: ResumePoint, spec: RunSpec, *, model_config: dict[str, Any],
+                       tokenizer: dict[str, Any]) -> None:
+    """Raise (one line) unless ``point``'s checkpoint fits this model, objective and tokenizer."""
     if point.ckpt is None:
         return
-    _check(point, spec, out_dir, model_config=model_config, tokenizer=tokenizer)
+    from scalelab.training.checkpoint import check_compatible, read_meta
+
+    check_compatible(point.key, point.ckpt, read_meta(point.ckpt), model_config=model_config,
+                     objective=spec.objective, tokenizer=tokenizer)
     # only now, so a refused command writes nothing, not even to the run's train.log
     for p, why in point.skipped:
         log.warning("resume: skipped %s (%s)", p, why)
@@ -126,31 +129,30 @@ def check_resume_point(point: ResumePoint, spec: RunSpec, out_dir: Path, *,
         log.warning("resume: continuing from %s", point.ckpt)
 
 
-def _check(point: ResumePoint, spec: RunSpec, out_dir: Path, *,
-           model_config: dict[str, Any], tokenizer: dict[str, Any]) -> None:
-    from scalelab.training.checkpoint import check_compatible, read_meta
+def check_not_finished(point: ResumePoint, spec: RunSpec, out_dir: Path) -> None:
+    """Raise (one line) if ``point`` reopens the FINISHED run in ``out_dir`` without adding steps.
 
-    assert point.ckpt is not None
-    max_steps = spec.max_steps
-    meta = read_meta(point.ckpt)
-    check_compatible(point.key, point.ckpt, meta, model_config=model_config,
-                     objective=spec.objective, tokenizer=tokenizer)
-    if point.key == "train.init_from":
-        return  # a new run in a new folder: nothing is reopened
+    It needs only the run's summary and the checkpoint's step, so train.py asks it before the
+    data, MLflow or Lightning: a refused resume answers in the time torch takes to import."""
+    if point.ckpt is None or point.key == "train.init_from":
+        return  # a fresh run, or a new run in a new folder: nothing is reopened
     summary = _summary(out_dir)
     if summary.get("status") != "FINISHED":
         return  # killed or failed: continuing it is what resume is for
+    from scalelab.training.checkpoint import read_meta
+
     # a finished run is reopened only to ADD steps beyond the ones it finished with
-    done = int((summary.get("metrics") or {}).get("final/steps") or meta.get("global_step", 0))
+    done = int((summary.get("metrics") or {}).get("final/steps")
+               or read_meta(point.ckpt).get("global_step", 0))
     if not spec.resume:
         raise ValueError(
             f"{point.key}={point.ckpt} continues the FINISHED run in {out_dir}; to add steps to it "
             f"pass resume=true with train.max_steps above {done}, or start a new run from it with "
             f"train.init_from={point.ckpt}")
-    if max_steps <= done:
+    if spec.max_steps <= done:
         raise ValueError(
             f"resume=true: the run in {out_dir} FINISHED at step {done} and this command has "
-            f"train.max_steps={max_steps}: nothing to add; raise train.max_steps above {done}")
+            f"train.max_steps={spec.max_steps}: nothing to add; raise train.max_steps above {done}")
 
 
 def check_branch_keys(spec: RunSpec) -> None:

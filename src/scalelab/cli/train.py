@@ -34,6 +34,7 @@ from scalelab.cli import hydra_ddp, trainer_args
 from scalelab.cli.resume import (
     ResumePoint,
     check_branch_keys,
+    check_not_finished,
     check_resume_point,
     check_same_config,
     resume_point,
@@ -237,11 +238,12 @@ def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
         cfg.resume = spec.resume = True  # SLURM started this job again after a requeue: continue it
     point = resume_point(spec, out_dir)
     check_same_config(point, spec, out_dir, requested)  # before the data: nothing to prepare
+    check_not_finished(point, spec, out_dir)
     probe_tracking(spec, uri)  # dead server: fail now, before the data
     setup_torch(spec)
     data = _prepare_data(spec, rank0)
     model_cfg = spec.with_vocab(data.vocab_size)
-    check_resume_point(point, spec, out_dir, model_config=model_cfg.to_dict(),
+    check_resume_point(point, spec, model_config=model_cfg.to_dict(),
                        tokenizer=data.tokenizer_spec)
     seed_everything(spec)  # every input checked: the weights are drawn after this
     return CheckedRun(cfg, spec, model_cfg, data, point, uri, folder)
