@@ -18,6 +18,11 @@ import pytest
 
 from scalelab.tracking.ui import server_env
 
+# tests/ is not a package: pytest imports this file as ``conftest`` and test modules import its
+# helpers as ``tests.conftest``. One module for both names keeps one migrated-store template and
+# one token cache per worker, instead of a second of each.
+sys.modules.setdefault("tests.conftest", sys.modules[__name__])
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
