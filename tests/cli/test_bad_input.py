@@ -74,6 +74,7 @@ def _truncated(tmp: Path) -> Path:
     ("download_offline", ["could not download", "data.path=/path/to/file"]),
     ("tokenizer_offline", ["tokenizer.name=gpt2", "TIKTOKEN_CACHE_DIR", "tokenizer=char"]),
     ("unknown_optim_key", ["optim.momentum"]),
+    ("split_shorter_than_a_window", ["val.bin has 30 tokens", "fewer than the 33", "train.block_size=32 + 1"]),
 ])
 def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: list[str],
                                                           tmp_path: Path, train_cli) -> None:
@@ -110,6 +111,11 @@ def test_bad_train_input_is_one_line_and_leaves_no_folder(case: str, needles: li
             args = [a.replace("tokenizer=byte", "tokenizer=gpt2") for a in args]
             args += [f"paths.data_dir={tmp_path / 'cache'}"]
             env["TIKTOKEN_CACHE_DIR"] = str(tmp_path / "no_tiktoken_cache")
+        elif case == "split_shorter_than_a_window":  # 300 bytes: 30 val tokens, windows of 33
+            corpus = tmp_path / "tiny.txt"
+            corpus.write_text("First Citizen: hear me speak. " * 10)
+            args = [a for a in args if not a.startswith("data")]
+            args += ["data=shakespeare", f"data.path={corpus}", f"paths.data_dir={tmp_path / 'shards'}"]
         elif case == "data_dir_read_only":
             ro = stack.enter_context(_readonly_tmpfs(tmp_path / "ro_data"))
             args += [f"paths.data_dir={ro / 'cache'}"]

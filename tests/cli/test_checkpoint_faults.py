@@ -79,12 +79,22 @@ def test_ckpt_path_at_another_runs_checkpoint_with_another_shape_touches_nothing
     run, where = _copy(finished_run, tmp_path, train_cli)
     before, runs_before = _snapshot(run), _mlflow(tmp_path)
     assert [s for _, s in runs_before] == ["FINISHED"]
+    env = train_cli.env(PYTHONPROFILEIMPORTTIME="1")  # which modules the refusals import
+    ckpt = run / "checkpoints" / "last.ckpt"
     r = train_cli.run(*TINY, "model.d_model=64", "train.max_steps=20", "run_name=second",
-                      f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
-                      *where, timeout=300)
+                      f"ckpt_path={ckpt}", *where, timeout=300, env=env)
     line = _one_line_error(r)
     # the run's config is compared first: each differing key with both values
     assert "model.d_model: 32 -> 64" in line and "ckpt_path=" in line, line
+    # into a new folder, the checkpoint is matched against the model the data's vocabulary gives
+    new = tmp_path / "new_run"
+    r2 = train_cli.run(*TINY, "model.d_model=64", "train.max_steps=20", "run_name=second",
+                       f"ckpt_path={ckpt}", f"paths.output_dir={new}", *where, timeout=300, env=env)
+    line = _one_line_error(r2)
+    assert "holds a model of shape [decoder d_model=32" in line and "d_model 32 vs 64" in line, line
+    for refused in (r, r2):  # both before Lightning is imported
+        assert "pytorch_lightning" not in _imported(refused)
+    assert not new.exists()
     assert _snapshot(run) == before  # .hydra/config.yaml, summary.json, checkpoints: untouched
     assert _mlflow(tmp_path) == runs_before  # still FINISHED, no new run
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*"))

@@ -96,7 +96,7 @@ def test_train_config_key_reaches_the_model() -> None:
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("train", overrides=["train.activation_checkpointing=true"])
     spec = build_spec(cfg)
-    data = DataBundle(datamodule=None, vocab_size=64, tokenizer=None, tokenizer_spec={},
+    data = DataBundle(make_datamodule=lambda: None, vocab_size=64, tokenizer=None, tokenizer_spec={},
                       bytes_per_token=1.0)
     module = build_module(spec, spec.with_vocab(64), data)
     assert module.model.decoder.checkpointing and module.hparams["activation_checkpointing"]

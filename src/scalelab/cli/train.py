@@ -245,6 +245,7 @@ def _check_run(cfg: DictConfig, spec: RunSpec, folder: RunFolder, rank0: bool,
     model_cfg = spec.with_vocab(data.vocab_size)
     check_resume_point(point, spec, model_config=model_cfg.to_dict(),
                        tokenizer=data.tokenizer_spec)
+    _build_datamodule(spec, data)
     seed_everything(spec)  # every input checked: the weights are drawn after this
     return CheckedRun(cfg, spec, model_cfg, data, point, uri, folder)
 
@@ -271,10 +272,16 @@ def _prepare_data(spec: RunSpec, rank0: bool) -> DataBundle:
         raise ValueError(f"paths.data_dir={spec.paths.data_dir}: cannot write the token cache "
                          f"({e.strerror}: {e.filename}); set paths.data_dir to a writable folder "
                          "with free space") from e
+    return data
+
+
+def _build_datamodule(spec: RunSpec, data: DataBundle) -> None:
+    """The run's DataModule, once every input is checked (building it imports Lightning), and
+    before anything is written."""
+    datamodule = data.datamodule  # built here, before anything is written
     overfit = spec.trainer.overfit_batches
     if isinstance(overfit, int) and overfit > 0:
-        data.datamodule.pin_batches(overfit)  # really the same batches every step
-    return data
+        datamodule.pin_batches(overfit)  # really the same batches every step
 
 
 def _tracked_run(run: CheckedRun, tracker: Any, t_start: float) -> dict[str, Any]:

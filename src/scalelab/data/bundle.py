@@ -6,7 +6,9 @@ shards (``prepare``); seq2seq generates its pairs on the fly with its own charac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,19 @@ from scalelab.data.tokenizers import prepared_run_spec
 
 @dataclass
 class DataBundle:
-    datamodule: Any  # a LightningDataModule (CausalLM/MaskedLM/Seq2Seq DataModule)
+    make_datamodule: Callable[[], Any]  # builds the run's LightningDataModule (see datamodule)
     vocab_size: int
     tokenizer: Any  # encode/decode for samples (a Tokenizer, or the seq2seq CharVocab)
     tokenizer_spec: dict[str, Any]  # persisted in checkpoints: what resume checks against
     bytes_per_token: float
     prepared: PreparedData | None = None  # the token shards (None for seq2seq)
+
+    @cached_property
+    def datamodule(self) -> Any:
+        """The CausalLM/MaskedLM/Seq2Seq DataModule, built on first use: it imports Lightning,
+        and the checks that need only the vocabulary (a checkpoint's shape and tokenizer) come
+        first."""
+        return self.make_datamodule()
 
     @property
     def source(self) -> str:
@@ -35,21 +44,23 @@ def build_data_bundle(objective: str, data: DataConfig, tokenizer: TokenizerConf
                       cache_dir: Path, progress: bool = True) -> DataBundle:
     """The DataModule for ``objective`` (causal | mlm | seq2seq) and what the run needs to know
     about its vocabulary; token shards are prepared (or reused from ``cache_dir``) first."""
-    # datamodules imports Lightning: only once the shards are ready (a bad input fails sooner)
-    if objective == "seq2seq":
+    if objective == "seq2seq":  # its DataModule makes the vocabulary: built at once
         from scalelab.data import datamodules
 
         dm = datamodules.Seq2SeqDataModule(data, batch_size=micro_batch, seed=seed)
         vocab = dm.vocab
-        return DataBundle(dm, int(dm.vocab_size), vocab,
-                          vocab.spec(),
-                          bytes_per_token=1.0)
+        return DataBundle(lambda: dm, int(dm.vocab_size), vocab, vocab.spec(), bytes_per_token=1.0)
     prepared = prepare(data, tokenizer, cache_dir=cache_dir, progress=progress)
-    from scalelab.data import datamodules
+    for split in ("train", "val"):  # an input check, before the DataModule imports Lightning
+        prepared.split_tokens(split, block_size, shifted=objective != "mlm")
 
-    module_class = datamodules.MaskedLMDataModule if objective == "mlm" else datamodules.CausalLMDataModule
-    dm = module_class(prepared, block_size=block_size, batch_size=micro_batch, seed=seed,
-                      val_batches=val_batches)
+    def make_datamodule() -> Any:
+        from scalelab.data import datamodules  # imports Lightning
+
+        module_class = datamodules.MaskedLMDataModule if objective == "mlm" else datamodules.CausalLMDataModule
+        return module_class(prepared, block_size=block_size, batch_size=micro_batch, seed=seed,
+                            val_batches=val_batches)
+
     tok_spec = prepared_run_spec(prepared.dir, prepared.meta.get("tokenizer", {}))
-    return DataBundle(dm, int(prepared.vocab_size), prepared.tokenizer, tok_spec,
+    return DataBundle(make_datamodule, int(prepared.vocab_size), prepared.tokenizer, tok_spec,
                       bytes_per_token=float(prepared.bytes_per_token), prepared=prepared)

@@ -180,17 +180,6 @@ class _StreamDataModule(pl.LightningDataModule):
 # --- causal LM ---------------------------------------------------------------------------
 
 
-def _check_len(prepared: PreparedData, split: str, need: int, block_size: int) -> int:
-    n = int(prepared.meta[f"{split}_tokens"])
-    if n < need:
-        raise ValueError(
-            f"{prepared.dir / (split + '.bin')} has {n} tokens, fewer than block_size+1 = {need} "
-            f"(block_size={block_size}); lower block_size or use a bigger corpus / "
-            f"data.val_fraction"
-        )
-    return n
-
-
 class _Windows:
     """Picklable reader of windows ``[i, i + length)`` of a shard (memmap opened lazily)."""
 
@@ -261,8 +250,8 @@ class CausalLMDataModule(_StreamDataModule):
             int(block_size),
             int(val_batches),
         )
-        self.n_train = _check_len(prepared, "train", self.block_size + 1, self.block_size)
-        self.n_val = _check_len(prepared, "val", self.block_size + 1, self.block_size)
+        self.n_train = prepared.split_tokens("train", self.block_size, shifted=True)
+        self.n_val = prepared.split_tokens("val", self.block_size, shifted=True)
         self.vocab_size = prepared.vocab_size
 
     def _train_maker(self, rank: int) -> _CausalMaker:
@@ -358,8 +347,8 @@ class MaskedLMDataModule(_StreamDataModule):
             int(block_size),
             int(val_batches),
         )
-        self.n_train = _check_len(prepared, "train", self.block_size, self.block_size)
-        self.n_val = _check_len(prepared, "val", self.block_size, self.block_size)
+        self.n_train = prepared.split_tokens("train", self.block_size, shifted=False)
+        self.n_val = prepared.split_tokens("val", self.block_size, shifted=False)
         self.vocab_size = prepared.vocab_size
         tok = prepared.tokenizer
         self.mask_kw = {

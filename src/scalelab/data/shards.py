@@ -92,6 +92,18 @@ class PreparedData:
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(self.dir)
 
+    def split_tokens(self, split: str, block_size: int, *, shifted: bool) -> int:
+        """The token count of ``split``; raises (one line) if it holds less than one window:
+        ``block_size`` tokens, plus one where the labels are the inputs shifted (causal LM)."""
+        n, window = int(self.meta[f"{split}_tokens"]), block_size + int(shifted)
+        if n < window:
+            raise ValueError(
+                f"{self.dir / (split + '.bin')} has {n} tokens, fewer than the {window} of one "
+                f"window (train.block_size={block_size}{' + 1' if shifted else ''}); lower "
+                "train.block_size, or use a bigger corpus or data.val_fraction"
+            )
+        return n
+
     def tokens(self, split: str) -> np.memmap:
         """Read-only memmap of ``train`` or ``val`` ids."""
         if split not in ("train", "val"):
