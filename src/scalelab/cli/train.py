@@ -278,7 +278,7 @@ def _prepare_data(spec: RunSpec, rank0: bool) -> DataBundle:
 def _build_datamodule(spec: RunSpec, data: DataBundle) -> None:
     """The run's DataModule, once every input is checked (building it imports Lightning), and
     before anything is written."""
-    datamodule = data.datamodule  # built here, before anything is written
+    datamodule = data.datamodule
     overfit = spec.trainer.overfit_batches
     if isinstance(overfit, int) and overfit > 0:
         datamodule.pin_batches(overfit)  # really the same batches every step

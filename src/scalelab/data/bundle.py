@@ -42,8 +42,9 @@ class DataBundle:
 def build_data_bundle(objective: str, data: DataConfig, tokenizer: TokenizerConfig, *,
                       micro_batch: int, block_size: int, seed: int, val_batches: int,
                       cache_dir: Path, progress: bool = True) -> DataBundle:
-    """The DataModule for ``objective`` (causal | mlm | seq2seq) and what the run needs to know
-    about its vocabulary; token shards are prepared (or reused from ``cache_dir``) first."""
+    """What a run of ``objective`` (causal | mlm | seq2seq) takes from the data: the token shards
+    (prepared, or reused from ``cache_dir``), checked to hold a window in each split, their
+    vocabulary and tokenizer, and the DataModule, built on first use."""
     if objective == "seq2seq":  # its DataModule makes the vocabulary: built at once
         from scalelab.data import datamodules
 
