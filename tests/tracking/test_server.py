@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -96,11 +95,10 @@ def test_dead_tracking_server_fails_fast_with_a_clear_error(tmp_path: Path, trai
     from conftest import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
-    t0 = time.time()
     r = train_cli.run(f"logger.tracking_uri={dead}", *train_cli.isolated(tmp_path, tracking_uri=dead),
                       timeout=300)
-    elapsed = time.time() - t0
     assert r.returncode != 0
     assert "unreachable" in r.stderr and dead in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    assert elapsed < 120  # python + torch import time dominates; the probe itself takes < 3 s
+    # refused on the first try: no wait for MLflow's own retries, nor the probe's for a busy server
+    assert "slow to answer" not in r.stdout + r.stderr
