@@ -282,7 +282,7 @@ def test_shakespeare_download_fails_fast_offline(tmp_path):
             TokenizerConfig(name="char"),
             tmp_path,
         )
-    assert time.perf_counter() - t0 < 10
+    assert time.perf_counter() - t0 < 30  # its 3 s timeout, not a default one of minutes
     assert _no_shards(tmp_path)
 
 

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -50,11 +48,7 @@ def test_precision_kinds() -> None:
 
 
 def test_cpu_peak_is_measured_once() -> None:
-    t0 = time.perf_counter()
     p1 = peak_flops("cpu", "32-true")
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
     p2 = peak_flops(torch.device("cpu"), "32-true")
-    assert time.perf_counter() - t0 < 0.01 < first + 0.01  # cached per process
-    assert p1 == p2
+    assert p1 == p2  # cached per process: two timed measurements never agree to the last bit
     assert 1e8 < p1 < 1e14  # somewhere between a slow laptop core and a big server
