@@ -56,7 +56,7 @@ def test_ui_serves_the_store(tmp_path: Path) -> None:
         assert any(" server " in c for c in servers), servers
         assert not [c for c in servers if "huey" in c or "mlflow.server.jobs" in c], servers
         req = url + "/api/2.0/mlflow/experiments/search?max_results=10"
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=60) as r:
             names = [e["name"] for e in json.load(r)["experiments"]]
         assert "Default" in names
         # killing the wrapper by PID (not its process group) stops the server and frees the port
