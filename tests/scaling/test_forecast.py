@@ -11,6 +11,8 @@ from tests.scaling.synthetic import SMALL_LAW, family_shape, study_runs, true_op
 from scalelab.scaling.forecast import (
     CONVENTIONS,
     FORM_TOLERANCE,
+    Backtest,
+    backtest_note,
     convention_points,
     cross_validate,
     exponent_by_convention,
@@ -135,8 +137,26 @@ def test_the_interval_grows_with_the_distance_of_the_forecast():
                                  "group_id": f"{c}-{i}", "replicate": 0, "stage": "main"})
     fc = make_forecast(pd.DataFrame(rows), [10, 100], family_shape, n_boot=10)
     assert fc.per_decade > 0.005
+    assert any("each too high" in n and "runs high too" in n for n in fc.notes), fc.notes
     (near, far) = (t.runs[0] for t in fc.targets)
     assert (far.loss_hi - far.loss_lo) / far.loss_pred > 1.8 * (near.loss_hi - near.loss_lo) / near.loss_pred
+
+
+def test_backtests_of_the_true_law_show_no_direction_of_error(chinchilla_study):
+    _, fc = chinchilla_study
+    assert any(n.startswith("forward backtests") and n.endswith("beyond the seed noise")
+               for n in fc.notes), fc.notes
+
+
+def test_a_direction_is_claimed_only_when_every_backtest_clears_the_seed_noise():
+    def tests(*errs: float) -> list[Backtest]:
+        return [Backtest(1e10 * 10**k, 0.4, np.array([e, e, e])) for k, e in enumerate(errs)]
+
+    assert "each too low" in backtest_note(tests(-0.02, -0.03), run_sd=0.006)
+    assert "+5.0%, +7.5% per decade, each too high" in backtest_note(tests(0.02, 0.03), 0.006)
+    assert "no direction" in backtest_note(tests(0.02, 0.004), run_sd=0.006)  # one within noise
+    assert "no direction" in backtest_note(tests(0.02, -0.03), run_sd=0.006)
+    assert backtest_note(tests(0.02), run_sd=0.006) is None  # one backtest: no pattern
 
 
 def test_a_forecast_that_is_not_trained_is_reported_without_outcomes(tmp_path):

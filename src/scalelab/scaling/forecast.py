@@ -15,7 +15,8 @@ For each target budget C (exact FLOPs, as the study's budgets):
    outcome is one seed). The forms' error is the larger of their cross-validation error (what
    they miss on a budget they did not see) and the forecast's forward extrapolation error per
    decade (the kept forms fitted below each budget, their mean scored on it) times the decades
-   to the target: an error that grows with the distance of the forecast.
+   to the target: an error that grows with the distance of the forecast. Where every backtest
+   ran high (or low), the notes say the forecast most likely does too.
 
 Pure numpy/pandas: the sweep (scaling/forecast_stage.py) supplies the shapes.
 """
@@ -181,22 +182,55 @@ def cross_validate(means: pd.DataFrame, convention: str) -> dict[str, float]:
     return out
 
 
-def extrapolation_error(means: pd.DataFrame, convention: str, forms: list[str]) -> float:
-    """The forecast's error per decade of extrapolation: the kept forms fitted to the budgets
-    below each budget in turn (forward, as a forecast is made), their mean scored on that
-    budget's best points, each error divided by its distance in decades of compute; rms over
-    the budgets. 0 when too few budgets allow it."""
+@dataclass
+class Backtest:
+    """The kept forms fitted to the budgets below ``budget`` (as a forecast is made), their
+    mean's signed relative errors on that budget's best points (positive: they ran high)."""
+    budget: float
+    decades: float  # from the highest budget fitted to ``budget``
+    errors: np.ndarray
+
+    @property
+    def rates(self) -> np.ndarray:  # per decade of compute
+        return self.errors / self.decades
+
+
+def backtests(means: pd.DataFrame, convention: str, forms: list[str]) -> list[Backtest]:
+    """One forward backtest per budget from the third on."""
     pts = convention_points(means, convention)
     budgets = sorted(pts["budget"].unique())
-    rates: list[float] = []
+    out = []
     for k in range(2, len(budgets)):
         below = pts[pts["budget"] < budgets[k]]
         fitted = [f for f in (fit_form(name, below) for name in forms) if f is not None]
-        if not fitted:
-            continue
-        err = _errors_at(fitted, pts[pts["budget"] == budgets[k]])
-        rates += list(err / math.log10(budgets[k] / budgets[k - 1]))
-    return float(np.sqrt(np.mean(np.square(rates)))) if rates else 0.0
+        if fitted:
+            out.append(Backtest(float(budgets[k]), math.log10(budgets[k] / budgets[k - 1]),
+                                _errors_at(fitted, pts[pts["budget"] == budgets[k]])))
+    return out
+
+
+def extrapolation_error(tests: list[Backtest]) -> float:
+    """The forecast's error per decade of extrapolation: the rms of the backtests' rates over
+    their points; 0 when too few budgets allow a backtest."""
+    return float(np.sqrt(np.mean(np.square(np.concatenate([t.rates for t in tests]))))) \
+        if tests else 0.0
+
+
+def backtest_note(tests: list[Backtest], run_sd: float) -> str | None:
+    """One line on the backtests' signs. Where every one ran high (or low) by more than one
+    run's seed noise, a forecast from the same forms most likely does too: on the CPU studies of
+    docs/scaling-study.md every backtest ran high, and so did every 10x forecast."""
+    if len(tests) < 2:
+        return None
+    errs = [float(np.mean(t.errors)) for t in tests]
+    listed = ", ".join(f"{float(np.mean(t.rates)):+.1%}" for t in tests)
+    head = f"forward backtests (kept forms fitted below a budget, scored on it): {listed} per decade"
+    for sign, way in ((1, "high"), (-1, "low")):
+        if all(sign * e > run_sd for e in errs):
+            return (f"{head}, each too {way} by more than one run's seed noise: this forecast "
+                    f"most likely runs {way} too (its interval counts this error; its point "
+                    "is not corrected)")
+    return f"{head}: no direction of error beyond the seed noise"
 
 
 def kept_forms(cv: dict[str, float]) -> list[str]:
@@ -249,8 +283,11 @@ def make_forecast(runs: pd.DataFrame, multiples: list[float], shape_of: Callable
             if got is not None:
                 boots[(f, c)].append(got)
     widen = max((cv[f] for f in kept if math.isfinite(cv[f])), default=0.0)
-    per_decade = extrapolation_error(means, n_convention, kept)
+    tests = backtests(means, n_convention, kept)
+    per_decade = extrapolation_error(tests)
     run_sd = run_noise(means)
+    note = backtest_note(tests, run_sd)
+    notes += [note] if note else []
     top = float(means["budget"].max())
     targets = [_target(m, m * top, fits, boots, kept, maps, shape_of, n_convention,
                        max(widen, per_decade * math.log10(m)), run_sd, ci) for m in multiples]
