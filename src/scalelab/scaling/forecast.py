@@ -195,7 +195,7 @@ class Backtest:
         return self.errors / self.decades
 
 
-def backtests(means: pd.DataFrame, convention: str, forms: list[str]) -> list[Backtest]:
+def forward_backtests(means: pd.DataFrame, convention: str, forms: list[str]) -> list[Backtest]:
     """One forward backtest per budget from the third on."""
     pts = convention_points(means, convention)
     budgets = sorted(pts["budget"].unique())
@@ -209,21 +209,21 @@ def backtests(means: pd.DataFrame, convention: str, forms: list[str]) -> list[Ba
     return out
 
 
-def extrapolation_error(tests: list[Backtest]) -> float:
+def extrapolation_error(backtests: list[Backtest]) -> float:
     """The forecast's error per decade of extrapolation: the rms of the backtests' rates over
     their points; 0 when too few budgets allow a backtest."""
-    return float(np.sqrt(np.mean(np.square(np.concatenate([t.rates for t in tests]))))) \
-        if tests else 0.0
+    return float(np.sqrt(np.mean(np.square(np.concatenate([b.rates for b in backtests]))))) \
+        if backtests else 0.0
 
 
-def backtest_note(tests: list[Backtest], run_sd: float) -> str | None:
+def backtest_note(backtests: list[Backtest], run_sd: float) -> str | None:
     """One line on the backtests' signs. Where every one ran high (or low) by more than one
     run's seed noise, a forecast from the same forms most likely does too: on the CPU studies of
     docs/scaling-study.md every backtest ran high, and so did every 10x forecast."""
-    if len(tests) < 2:
+    if len(backtests) < 2:
         return None
-    errs = [float(np.mean(t.errors)) for t in tests]
-    listed = ", ".join(f"{float(np.mean(t.rates)):+.1%}" for t in tests)
+    errs = [float(np.mean(b.errors)) for b in backtests]
+    listed = ", ".join(f"{float(np.mean(b.rates)):+.1%}" for b in backtests)
     head = f"forward backtests (kept forms fitted below a budget, scored on it): {listed} per decade"
     for sign, way in ((1, "high"), (-1, "low")):
         if all(sign * e > run_sd for e in errs):
@@ -283,10 +283,10 @@ def make_forecast(runs: pd.DataFrame, multiples: list[float], shape_of: Callable
             if got is not None:
                 boots[(f, c)].append(got)
     widen = max((cv[f] for f in kept if math.isfinite(cv[f])), default=0.0)
-    tests = backtests(means, n_convention, kept)
-    per_decade = extrapolation_error(tests)
+    backtests = forward_backtests(means, n_convention, kept)
+    per_decade = extrapolation_error(backtests)
     run_sd = run_noise(means)
-    note = backtest_note(tests, run_sd)
+    note = backtest_note(backtests, run_sd)
     notes += [note] if note else []
     top = float(means["budget"].max())
     targets = [_target(m, m * top, fits, boots, kept, maps, shape_of, n_convention,
